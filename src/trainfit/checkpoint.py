@@ -1,0 +1,137 @@
+"""Single-process checkpoints: atomic, checksummed, loaded with ``weights_only=True``.
+
+Layout under ``RUN_DIR/checkpoints``::
+
+    step-00000050.pt     torch.save of plain containers and tensors (no pickled code)
+    step-00000050.json   {"sha256": ..., "bytes": ..., "step": 50, "format": ...}
+
+The ``.pt`` is written to a temporary file, fsynced and renamed; the ``.json`` sidecar is
+written the same way *after* it, so a checkpoint without a matching sidecar is incomplete
+and ignored. On load the checksum is verified; a bad file is refused and the previous one
+is used. Only the newest ``keep`` checkpoints are kept. Sharded (multi-rank) checkpoints
+use torch.distributed.checkpoint instead (see strategies).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import torch
+
+from trainfit.errors import CheckpointError
+
+FORMAT = "trainfit-checkpoint-v1"
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename).
+
+    Raises:
+        CheckpointError: the disk is full or not writable; ``path``'s previous content is intact.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        why = "the disk is full" if e.errno == errno.ENOSPC else e.strerror or str(e)
+        raise CheckpointError(f"could not write checkpoint {path}: {why}; the previous checkpoint is intact") from None
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (with sidecar), oldest first."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.glob("step-*.pt") if p.with_suffix(".json").is_file())
+
+
+def save_checkpoint(run_dir: str | Path, step: int, payload: dict, *, keep: int = 3) -> Path:
+    d = checkpoint_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **payload}, buf)
+    data = buf.getvalue()
+    path = d / f"step-{step:08d}.pt"
+    atomic_write_bytes(path, data)
+    meta = {"format": FORMAT, "step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write_bytes(path.with_suffix(".json"), json.dumps(meta).encode())
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.with_suffix(".json").unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Verify and load one checkpoint file (``weights_only=True``: no code is unpickled).
+
+    Raises:
+        CheckpointError: missing, truncated, tampered with, or not a trainfit checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    data = path.read_bytes()
+    sidecar = path.with_suffix(".json")
+    if sidecar.is_file():
+        try:
+            meta = json.loads(sidecar.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CheckpointError(f"checkpoint {path}: its checksum file {sidecar.name} is corrupt") from None
+        if meta.get("bytes") != len(data):
+            raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} of {meta.get('bytes')} bytes)")
+        if meta.get("sha256") != hashlib.sha256(data).hexdigest():
+            raise CheckpointError(f"checkpoint {path} fails its sha256 checksum (corrupt or tampered with)")
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} was refused by the safe loader (weights_only=True): {first}") from None
+    except Exception as e:  # zip/format errors from torch.load on a foreign or corrupt file
+        raise CheckpointError(f"checkpoint {path} is not a readable torch checkpoint ({type(e).__name__})") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a trainfit checkpoint (expected format {FORMAT!r})")
+    return obj
+
+
+def load_latest(run_dir: str | Path) -> tuple[Path, dict] | None:
+    """The newest checkpoint that verifies; bad ones are skipped with a warning.
+
+    Raises:
+        CheckpointError: checkpoints exist but none verifies.
+    """
+    candidates = list_checkpoints(run_dir)
+    errors = []
+    for path in reversed(candidates):
+        try:
+            return path, read_checkpoint(path)
+        except CheckpointError as e:
+            errors.append(str(e))
+            warnings.warn(f"{e}; falling back to the previous checkpoint", stacklevel=2)
+    if errors:
+        raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
+    return None

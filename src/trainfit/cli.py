@@ -1,0 +1,99 @@
+"""The ``trainfit`` command: parse flags/TOML into a RunConfig, call one library function.
+
+Each subcommand lives in ``trainfit.commands.<name>`` and exposes ``register(subparsers)``.
+Every user error prints one line ``trainfit: error: ...`` on stderr and exits 2.
+``--json`` prints exactly one JSON object on stdout; progress and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from typing import Any
+
+from trainfit.errors import TrainfitError
+
+EXIT_USAGE = 2
+COMMANDS = ("train",)
+"""Subcommand modules under trainfit.commands, in help order."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        raise SystemExit(fail(message if self.prog == "trainfit" else f"{self.prog.removeprefix('trainfit ')}: {message}"))
+
+
+def fail(msg: str) -> int:
+    print(f"trainfit: error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+RUN_FLAGS = {
+    "model": "gpt-tiny (default), gpt-small, gpt2-small, cnn, hf:Class or module:callable",
+    "model_config": "key=value,... overrides (or a JSON config path for hf: models)",
+    "seq_len": "longest sequence length in tokens",
+    "precision": "fp32, bf16-mixed, fp16-mixed, bf16-true, fp16-true",
+    "micro_batch": "samples per micro-batch, or auto",
+    "accumulation": "micro-batches per optimizer step",
+    "checkpointing": "none, full, every:K, class:Name[,Name]",
+    "strategy": "single, ddp, zero1, zero2, zero3",
+    "grad_sync": "deferred or per-micro-batch (zero2/zero3 with accumulation)",
+    "optimizer": "adamw, adam, sgd",
+    "lr": "learning rate",
+    "steps": "optimizer steps",
+    "seed": "random seed",
+    "run_dir": "directory for metrics.jsonl and checkpoints",
+    "checkpoint_every": "save a checkpoint every N optimizer steps",
+    "loader_workers": "DataLoader worker processes",
+    "memory_cap": "CPU stand-in for device memory, e.g. 2GiB",
+}
+
+
+def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True) -> None:
+    """The flags that map onto RunConfig fields (``--micro-batch`` -> ``micro_batch``)."""
+    if config_positional:
+        p.add_argument("config", nargs="?", help="TOML config file (flags override it)")
+    for key, help_text in RUN_FLAGS.items():
+        flags = ["--" + key.replace("_", "-")]
+        if key == "seq_len":
+            flags.append("--seq")
+        p.add_argument(*flags, dest=key, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any):
+    """TOML file (if any) < flags < explicit overrides -> a validated RunConfig."""
+    from trainfit.config import load_toml, make_config
+
+    values: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
+    for key in RUN_FLAGS:
+        v = getattr(args, key, None)
+        if v is not None:
+            values[key] = v
+    values.update(overrides)
+    return make_config(values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="trainfit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"trainfit.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.simplefilter("default")
+    try:
+        return int(args.func(args) or 0)
+    except TrainfitError as e:
+        return fail(str(e))
+    except KeyboardInterrupt:
+        return fail("interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The run configuration: one frozen, keyword-only dataclass validated at construction.
+
+Every field is documented once, right under it. A TOML file and the CLI flags both
+produce a :class:`RunConfig`; unknown keys are refused with the list of known ones.
+Derive variants with ``dataclasses.replace``; never mutate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainfit.errors import ConfigError, check_choice, check_int, check_number
+from trainfit.levers.checkpointing import CheckpointPolicy, parse_checkpoint_policy
+from trainfit.levers.precision import PRECISIONS
+
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+GRAD_SYNCS = ("deferred", "per-micro-batch")
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(field_name: str, text: str | int) -> int:
+    """Parse ``24GiB``, ``80GB``, ``512MiB`` or a plain integer into bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise ConfigError(field_name, text, "a positive size such as 24GiB, 80GB or 512MiB")
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(field_name, text, "a positive size such as 24GiB, 80GB or 512MiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything one training run needs. Defaults are the embedded CPU-friendly job."""
+
+    model: str = "gpt-tiny"
+    """Built-in name (gpt-tiny, gpt-small, gpt2-small, cnn), ``hf:ArchitectureClass`` or ``module:callable``."""
+    model_config: str = ""
+    """Overrides for the model: ``key=value,...`` or a path to a JSON config (HF models)."""
+    seq_len: int = 64
+    """Longest sequence in tokens (sequences vary in length below it and are padded)."""
+    precision: str = "fp32"
+    """fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true."""
+    micro_batch: int | Literal["auto"] = 8
+    """Samples per forward/backward on one device, or "auto" to shrink it on out-of-memory."""
+    accumulation: int = 4
+    """Micro-batches per optimizer step."""
+    checkpointing: CheckpointPolicy = field(default_factory=lambda: parse_checkpoint_policy("none"))
+    """Activation checkpointing: none, full (every block), every:K (every K-th block), class:Name[,Name]."""
+    strategy: str = "single"
+    """single, ddp, zero1, zero2 or zero3."""
+    grad_sync: str = "deferred"
+    """Under zero2/zero3 with accumulation: "deferred" (one reduce-scatter per step, more memory)
+    or "per-micro-batch" (reduce-scatter every micro-batch, less memory, more traffic)."""
+    nproc: int = 1
+    """Processes to launch on this node with torchrun (``trainfit train --nproc N``)."""
+    optimizer: str = "adamw"
+    """adamw, adam or sgd."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value after unscaling; 0 disables clipping."""
+    steps: int = 250
+    """Optimizer steps to run."""
+    seed: int = 0
+    """Seed for model init, data order and generated data."""
+    dataset_size: int = 4096
+    """Number of generated samples in the built-in dataset (one epoch)."""
+    loader_workers: int = 0
+    """DataLoader worker processes (0: load in the training process)."""
+    run_dir: str = "runs/default"
+    """Where metrics.jsonl and checkpoints go."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N optimizer steps (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """How many most recent checkpoints to keep."""
+    max_consecutive_skips: int = 20
+    """Stop if this many optimizer steps in a row are skipped for overflow."""
+    min_loss_scale: float = 1.0
+    """Stop if the dynamic loss scale falls below this floor."""
+    memory_cap: int = 0
+    """Bytes; when > 0 the memory tracker raises out-of-memory above it (CPU stand-in for a device limit)."""
+
+    def __post_init__(self) -> None:
+        check_choice("precision", self.precision, PRECISIONS)
+        if self.micro_batch != "auto":
+            check_int("micro_batch", self.micro_batch, minimum=1)
+        check_int("accumulation", self.accumulation, minimum=1)
+        check_int("seq_len", self.seq_len, minimum=2)
+        check_choice("strategy", self.strategy, STRATEGIES)
+        check_choice("grad_sync", self.grad_sync, GRAD_SYNCS)
+        check_int("nproc", self.nproc, minimum=1)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_number("lr", self.lr, minimum=0.0)
+        check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
+        check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=True)
+        check_int("steps", self.steps, minimum=1)
+        check_int("seed", self.seed, minimum=0)
+        check_int("dataset_size", self.dataset_size, minimum=1)
+        check_int("loader_workers", self.loader_workers, minimum=0)
+        check_int("checkpoint_every", self.checkpoint_every, minimum=0)
+        check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
+        check_int("max_consecutive_skips", self.max_consecutive_skips, minimum=1)
+        check_number("min_loss_scale", self.min_loss_scale, minimum=0.0)
+        check_int("memory_cap", self.memory_cap, minimum=0)
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("model", self.model, "a built-in name, hf:Class or module:callable")
+        if not isinstance(self.checkpointing, CheckpointPolicy):
+            raise ConfigError("checkpointing", self.checkpointing, "none, full, every:K, class:Name")
+
+    @property
+    def effective_micro_batches(self) -> int:
+        """Samples per optimizer step on one rank (micro_batch x accumulation)."""
+        assert self.micro_batch != "auto"
+        return self.micro_batch * self.accumulation
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["checkpointing"] = self.checkpointing.spec
+        return d
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def coerce(key: str, value: Any) -> Any:
+    """Convert a raw TOML/CLI value for ``key`` into the dataclass field's type."""
+    if key == "checkpointing":
+        return value if isinstance(value, CheckpointPolicy) else parse_checkpoint_policy(str(value))
+    if key == "memory_cap":
+        return 0 if value in (0, "0", "", None) else parse_bytes(key, value)
+    if key == "micro_batch" and value == "auto":
+        return value
+    default = getattr(RunConfig(), key)
+    if isinstance(default, bool):
+        return value
+    if isinstance(default, int) and isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(key, value, "an integer") from None
+    if isinstance(default, float) and isinstance(value, (str, int)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(key, value, "a number") from None
+    return value
+
+
+def make_config(values: dict[str, Any], *, base: RunConfig | None = None) -> RunConfig:
+    """Build a RunConfig from a mapping, refusing unknown keys by name."""
+    for key in values:
+        if key not in FIELDS:
+            raise ConfigError("config key", key, FIELDS, "remove or rename it")
+    coerced = {k: coerce(k, v) for k, v in values.items()}
+    return dataclasses.replace(base or RunConfig(), **coerced)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a flat TOML config (a ``[train]`` table is also accepted)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", str(path), "an existing TOML file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("config", str(path), "a valid TOML file", f"parse error: {e}") from None
+    if set(data) == {"train"} and isinstance(data["train"], dict):
+        data = data["train"]
+    return data
+
+
+def dump_toml(cfg: RunConfig, *, only_changed: bool = False) -> str:
+    """Write a config as TOML that ``trainfit train CONFIG`` reads back unchanged."""
+    default = RunConfig().to_dict()
+    lines = []
+    for k, v in cfg.to_dict().items():
+        if only_changed and default[k] == v:
+            continue
+        if isinstance(v, str):
+            lines.append(f'{k} = "{v}"')
+        elif isinstance(v, bool):
+            lines.append(f"{k} = {'true' if v else 'false'}")
+        else:
+            lines.append(f"{k} = {v!r}")
+    return "\n".join(lines) + "\n"

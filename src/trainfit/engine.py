@@ -1,0 +1,72 @@
+"""ONE optimizer step, composed from the levers. Usable from any training loop.
+
+    for each micro-batch -> sync only on the last -> autocast(forward + loss)
+      -> backward(loss_sum * world / window_count)
+    -> unscale and check (agreed across ranks) -> clip -> step or skip -> zero grads
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainfit.levers.accumulation import AccumulationWindow
+from trainfit.levers.precision import Precision
+from trainfit.strategies.base import Single, Strategy
+
+LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, object]]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    """Mean loss over the window's loss-bearing items, all ranks (NaN if non-finite)."""
+    count: int
+    """Loss-bearing tokens/samples in the window, all ranks."""
+    stepped: bool
+    """False when the step was skipped (overflow, non-finite loss)."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (None when clipping is off or the step skipped)."""
+    loss_scale: float
+    """The loss scale used for this step (1.0 without scaling)."""
+
+
+def optimizer_step(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    micro_batches: Sequence,
+    loss_fn: LossFn,
+    count_fn: Callable[[object], int],
+    strategy: Strategy | None = None,
+    grad_clip: float = 0.0,
+) -> StepResult:
+    """Run one optimizer step over ``micro_batches`` (this rank's share of the global batch)."""
+    strategy = strategy or Single()
+    window = AccumulationWindow(
+        micro_batches, count_fn, all_reduce_sum=strategy.all_reduce_sum, world_size=strategy.world_size
+    )
+    scale = precision.scaler.scale
+    loss_total = torch.zeros((), dtype=torch.float32, device=strategy.device)
+    for mb, is_last in window:
+        with strategy.sync_context(model, is_last):  # DDP/FSDP: no gradient sync until the last
+            with precision.autocast(strategy.device.type):  # forward + loss only, never backward
+                loss_sum, _ = loss_fn(model, mb)
+            precision.backward(loss_sum * window.weight)  # scaled by the loss scale where needed
+        loss_total += loss_sum.detach().float()
+
+    strategy.all_reduce_sum(loss_total)
+    loss = float(loss_total) / max(window.global_count, 1)  # host-device sync
+    finite = precision.unscale_and_check(model, strategy.all_reduce_max) and math.isfinite(loss)
+    grad_norm = None
+    if finite and grad_clip > 0:
+        grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
+        finite = math.isfinite(grad_norm)
+    stepped = precision.step(optimizer, model, finite)
+    precision.zero_grad(optimizer, model)
+    return StepResult(loss=loss, count=window.global_count, stepped=stepped, grad_norm=grad_norm, loss_scale=scale)

@@ -1,0 +1,106 @@
+"""The precision protocol. A policy decides dtypes, autocast and loss scaling;
+it never looks at the parallelism strategy (the strategy asks it for ``param_dtype``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from trainfit.levers.scaler import AllReduceMax, DynamicLossScaler, NoScaler
+
+
+class Precision(Protocol):
+    name: str
+    param_dtype: torch.dtype
+    """dtype the model's weights are stored in for compute."""
+    autocast_dtype: torch.dtype | None
+    """dtype autocast runs matmuls in, or None when autocast is off."""
+    scaler: DynamicLossScaler | NoScaler
+
+    def prepare(self, model: nn.Module) -> None:
+        """Cast the model's weights (and create master copies) before the optimizer is built."""
+
+    def optimizer_params(self, model: nn.Module) -> list[torch.Tensor]:
+        """The tensors the optimizer updates (the fp32 master copies where they exist)."""
+
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
+        """Context for the forward pass and the loss only, never backward."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the (scaled, where needed) loss."""
+
+    def unscale_and_check(self, model: nn.Module, all_reduce_max: AllReduceMax | None = None) -> bool:
+        """Move gradients to where the optimizer reads them, unscale; False if any is inf/NaN."""
+
+    def grads(self, model: nn.Module) -> list[torch.Tensor]:
+        """The unscaled gradients the optimizer will use (for clipping and checks)."""
+
+    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module, finite: bool) -> bool:
+        """Step (or skip when not finite), update the scale; returns whether it stepped."""
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
+class _Base:
+    """Shared plumbing for policies whose optimizer updates the model's own parameters."""
+
+    name = "base"
+    param_dtype = torch.float32
+    autocast_dtype: torch.dtype | None = None
+
+    def __init__(self) -> None:
+        self.scaler: DynamicLossScaler | NoScaler = NoScaler()
+
+    def prepare(self, model: nn.Module) -> None:
+        pass
+
+    def optimizer_params(self, model: nn.Module) -> list[torch.Tensor]:
+        return [p for p in model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def autocast(self, device_type: str) -> Iterator[None]:
+        if self.autocast_dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=device_type, dtype=self.autocast_dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale_loss(loss).backward()
+
+    def grads(self, model: nn.Module) -> list[torch.Tensor]:
+        return [p.grad for p in self.optimizer_params(model) if p.grad is not None]
+
+    def unscale_and_check(self, model: nn.Module, all_reduce_max: AllReduceMax | None = None) -> bool:
+        return self.scaler.unscale_(self.grads(model), all_reduce_max)
+
+    def step(self, optimizer: torch.optim.Optimizer, model: nn.Module, finite: bool) -> bool:
+        if finite:
+            optimizer.step()
+        # A skipped step leaves parameters and optimizer state untouched: step() is not called.
+        self.scaler.update()
+        return finite
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        from trainfit.errors import CheckpointError
+
+        if sd.get("name") != self.name:
+            raise CheckpointError(
+                f"checkpoint was written with precision={sd.get('name')!r}, this run uses {self.name!r}; "
+                "resume with the same precision"
+            )
+        self.scaler.load_state_dict(sd["scaler"])

@@ -1,0 +1,28 @@
+"""Tasks: model + data + loss. Built-ins, ``hf:Class`` (transformers) and ``module:callable``."""
+
+from __future__ import annotations
+
+from trainfit.errors import ConfigError
+from trainfit.tasks.base import GenericTask, Task
+from trainfit.tasks.builtin import BUILTIN_MODELS, cnn_task, gpt_task
+from trainfit.tasks.gpt import GPT_PRESETS
+
+
+def make_task(model: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096) -> Task:
+    """Resolve a model spec into a Task. A ``module:callable`` is imported only here, when named."""
+    if model in GPT_PRESETS:
+        return gpt_task(model, seq_len=seq_len, seed=seed, dataset_size=dataset_size, overrides=model_config)
+    if model == "cnn":
+        return cnn_task(seed=seed, dataset_size=dataset_size, overrides=model_config)
+    if model.startswith("hf:"):
+        from trainfit.tasks.hf import hf_task
+
+        return hf_task(model[3:], model_config=model_config, seq_len=seq_len, seed=seed, dataset_size=dataset_size)
+    if ":" in model:
+        from trainfit.tasks.user import user_task
+
+        return user_task(model, model_config=model_config, seq_len=seq_len, seed=seed, dataset_size=dataset_size)
+    raise ConfigError("model", model, (*BUILTIN_MODELS, "hf:<ArchitectureClass>", "<module>:<callable>"))
+
+
+__all__ = ["Task", "GenericTask", "make_task", "BUILTIN_MODELS"]

@@ -1,0 +1,100 @@
+"""The built-in tasks: the GPT on generated token rules, the CNN on generated images."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.nn import functional as F
+
+from trainfit.errors import ConfigError
+from trainfit.tasks.base import GenericTask
+from trainfit.tasks.cnn import SmallCNN
+from trainfit.tasks.gpt import GPT, GPT_PRESETS, GPTConfig
+from trainfit.tasks.synthetic import IGNORE_INDEX, TemplateImages, TokenRules, collate_images, collate_tokens
+
+BUILTIN_MODELS = (*GPT_PRESETS, "cnn")
+
+
+def parse_overrides(text: str) -> dict[str, object]:
+    """``key=value,key=value`` -> dict with ints/floats/bools parsed."""
+    out: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ConfigError("model_config", part, "key=value pairs separated by commas")
+        k, v = (s.strip() for s in part.split("=", 1))
+        for conv in (int, float):
+            try:
+                out[k] = conv(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def gpt_loss(model, batch):
+    logits = model(batch["input_ids"])  # (B, T, V)
+    labels = batch["labels"]
+    loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss_sum, (labels != IGNORE_INDEX).sum()
+
+
+def gpt_count(batch) -> int:
+    return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
+def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides: str = "") -> GenericTask:
+    base = GPT_PRESETS[name]
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    ov = parse_overrides(overrides)
+    for k in ov:
+        if k not in fields:
+            raise ConfigError("model_config", k, sorted(fields))
+    cfg = dataclasses.replace(base, **ov)
+    if seq_len > cfg.max_seq_len:
+        cfg = dataclasses.replace(cfg, max_seq_len=seq_len)
+
+    def build():
+        torch.manual_seed(seed)
+        return GPT(cfg)
+
+    return GenericTask(
+        name=name,
+        unit="tokens",
+        build_model=build,
+        dataset=lambda: TokenRules(size=dataset_size, seq_len=seq_len, vocab_size=cfg.vocab_size, seed=seed),
+        collate=collate_tokens,
+        count=gpt_count,
+        loss=gpt_loss,
+        block_classes=("Block",),
+    )
+
+
+def cnn_loss(model, batch):
+    logits = model(batch["images"])
+    return F.cross_entropy(logits.float(), batch["labels"], reduction="sum"), batch["labels"].numel()
+
+
+def cnn_task(*, seed: int, dataset_size: int, overrides: str = "") -> GenericTask:
+    ov = parse_overrides(overrides)
+    allowed = {"channels", "n_classes"}
+    for k in ov:
+        if k not in allowed:
+            raise ConfigError("model_config", k, sorted(allowed))
+
+    def build():
+        torch.manual_seed(seed)
+        return SmallCNN(**ov)
+
+    return GenericTask(
+        name="cnn",
+        unit="samples",
+        build_model=build,
+        dataset=lambda: TemplateImages(size=dataset_size, seed=seed, n_classes=int(ov.get("n_classes", 10))),
+        collate=collate_images,
+        count=lambda b: int(b["labels"].numel()),
+        loss=cnn_loss,
+        block_classes=("ConvBlock",),
+    )

@@ -1,0 +1,218 @@
+"""The training loop: build, (resume), step, log, checkpoint.
+
+Progress goes to stderr; ``metrics.jsonl`` in the run directory gets one line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainfit.checkpoint import load_latest, save_checkpoint
+from trainfit.config import RunConfig, dump_toml
+from trainfit.data import make_loader
+from trainfit.engine import StepResult, optimizer_step
+from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
+from trainfit.levers.accumulation import warn_if_batchnorm
+from trainfit.levers.checkpointing import apply_checkpointing
+from trainfit.levers.precision import Precision, make_precision
+from trainfit.strategies import make_strategy
+from trainfit.tasks import Task, make_task
+from trainfit.tasks.base import to_device
+
+
+def make_optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    # foreach=False keeps the update op-for-op identical between runs and resumes.
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+
+
+@dataclass
+class Run:
+    """Everything built for one run (also used by memory, profile and verify)."""
+
+    cfg: RunConfig
+    task: Task
+    model: nn.Module
+    precision: Precision
+    strategy: object
+    optimizer: torch.optim.Optimizer
+    checkpointed: list[str] = field(default_factory=list)
+    batchnorm: list[str] = field(default_factory=list)
+
+
+def build_run(cfg: RunConfig, *, strategy=None) -> Run:
+    """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
+    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
+                     dataset_size=cfg.dataset_size)
+    strategy = strategy or make_strategy(cfg)
+    model = task.build_model()
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model", cfg.model, "a factory returning a torch.nn.Module")
+    bn = warn_if_batchnorm(model, cfg.accumulation)
+    blocks = task.block_names(model)
+    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
+    precision = make_precision(cfg.precision)
+    precision.prepare(model)
+    model = strategy.wrap(model, precision, blocks)
+    optimizer = make_optimizer(cfg, precision.optimizer_params(model))
+    return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
+               checkpointed=checkpointed, batchnorm=bn)
+
+
+def capture_state(run: Run, step: int) -> dict:
+    return {
+        "step": step,
+        "config": run.cfg.to_dict(),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "precision": run.precision.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+        "data": {"next_step": step},
+    }
+
+
+def restore_state(run: Run, state: dict, path: Path) -> int:
+    saved = state.get("config", {})
+    for key in ("model", "model_config", "precision", "optimizer", "micro_batch", "accumulation", "seed", "seq_len"):
+        if key in saved and saved[key] != run.cfg.to_dict()[key]:
+            raise CheckpointError(
+                f"checkpoint {path} was written with {key}={saved[key]!r}, this run has {key}="
+                f"{run.cfg.to_dict()[key]!r}; resume with the same {key} or use a new --run-dir"
+            )
+    try:
+        run.model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.precision.load_state_dict(state["precision"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {str(e).splitlines()[0]}") from None
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["data"]["next_step"])
+
+
+@dataclass
+class Summary:
+    steps: int
+    final_loss: float
+    first_loss: float
+    skipped_steps: int
+    tokens_per_s: float
+    effective_batch: int
+    unit: str
+    run_dir: str
+    wall_s: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True)
+
+
+def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy=None) -> Summary:
+    run = build_run(cfg, strategy=strategy)
+    st = run.strategy
+    run_dir = Path(cfg.run_dir)
+    start = 0
+    if resume:
+        found = load_latest(run_dir)
+        if found is None:
+            raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume first")
+        start = restore_state(run, found[1], found[0])
+    elif any(run_dir.glob("checkpoints/step-*.pt")):
+        raise ConfigError("run_dir", str(run_dir), "a directory without checkpoints",
+                          "pass --resume to continue it, or choose a new --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if st.rank == 0:
+        (run_dir / "config.toml").write_text(dump_toml(cfg))
+
+    loader = make_loader(run.task.dataset(), run.task.collate, start_step=start, micro_batch=cfg.micro_batch,
+                         accumulation=cfg.accumulation, rank=st.rank, world_size=st.world_size, seed=cfg.seed,
+                         workers=cfg.loader_workers)
+    batches = iter(loader)
+    metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
+    bar = _progress(cfg.steps, start, progress and st.rank == 0)
+    first_loss = math.nan
+    res: StepResult | None = None
+    skipped = consecutive_skips = 0
+    items = 0
+    t_start = time.perf_counter()
+    try:
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            mbs = [next(batches) for _ in range(cfg.accumulation)]  # blocks on the loader
+            t1 = time.perf_counter()
+            mbs = [to_device(mb, st.device) for mb in mbs]
+            res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
+                                 micro_batches=mbs, loss_fn=run.task.loss, count_fn=run.task.count,
+                                 strategy=st, grad_clip=cfg.grad_clip)
+            t2 = time.perf_counter()
+            _check_health(cfg, run, res, consecutive_skips + (not res.stepped), step)
+            skipped += not res.stepped
+            consecutive_skips = 0 if res.stepped else consecutive_skips + 1
+            items += res.count
+            if math.isnan(first_loss):
+                first_loss = res.loss
+            rate = res.count / max(t2 - t0, 1e-9)
+            data_frac = (t1 - t0) / max(t2 - t0, 1e-9)
+            if metrics:
+                metrics.write(json.dumps({
+                    "step": step + 1, "loss": res.loss, "count": res.count, "stepped": res.stepped,
+                    "loss_scale": res.loss_scale, "grad_norm": res.grad_norm, "step_s": t2 - t0,
+                    "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
+                }) + "\n")
+                metrics.flush()
+            bar.set_postfix_str(f"loss={res.loss:.4f} {run.task.unit}/s={rate:,.0f} data={data_frac:.0%} "
+                                f"scale={res.loss_scale:g}", refresh=False)
+            bar.update(1)
+            done = step + 1
+            if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
+                save_state(run, done)
+    finally:
+        bar.close()
+        if metrics:
+            metrics.close()
+    wall = time.perf_counter() - t_start
+    return Summary(steps=cfg.steps, final_loss=res.loss if res else math.nan, first_loss=first_loss,
+                   skipped_steps=skipped, tokens_per_s=items / max(wall, 1e-9),
+                   effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
+                   run_dir=str(run_dir), wall_s=wall)
+
+
+def save_state(run: Run, step: int) -> None:
+    """Checkpoint after ``step`` optimizer steps (strategies with sharded state save via DCP)."""
+    saver = getattr(run.strategy, "save_checkpoint", None)
+    if saver is not None:
+        saver(run, step)
+    else:
+        save_checkpoint(run.cfg.run_dir, step, capture_state(run, step), keep=run.cfg.keep_checkpoints)
+
+
+def _check_health(cfg: RunConfig, run: Run, res: StepResult, consecutive: int, step: int) -> None:
+    """Stop rather than train on garbage; the last good checkpoint stays on disk."""
+    if not res.stepped and not run.precision.scaler.enabled:
+        raise TrainingStopped(
+            f"step {step + 1}: loss or gradients are not finite (loss={res.loss}) with precision={cfg.precision}; "
+            "stopped before corrupting the weights (lower lr, check the data, or add grad_clip)")
+    if consecutive >= cfg.max_consecutive_skips:
+        raise TrainingStopped(
+            f"step {step + 1}: {consecutive} optimizer steps in a row overflowed in {cfg.precision}; likely cause: "
+            "activations beyond fp16's range (e.g. a bf16-pretrained model run in fp16) -- use bf16-mixed")
+    scale = run.precision.scaler.scale
+    if run.precision.scaler.enabled and scale < cfg.min_loss_scale:
+        raise TrainingStopped(
+            f"step {step + 1}: loss scale {scale:g} fell below min_loss_scale={cfg.min_loss_scale:g}; gradients "
+            "overflow fp16 even unscaled -- use bf16-mixed or lower the learning rate")
