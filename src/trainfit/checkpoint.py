@@ -100,7 +100,9 @@ def read_checkpoint(path: str | Path) -> dict:
     if sidecar.is_file():
         try:
             meta = json.loads(sidecar.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            if not isinstance(meta, dict):  # valid JSON but not our object (e.g. "[]", "null")
+                raise ValueError
+        except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
             raise CheckpointError(f"checkpoint {path}: its checksum file {sidecar.name} is corrupt") from None
         if meta.get("bytes") != len(data):
             raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} of {meta.get('bytes')} bytes)")

@@ -16,7 +16,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 
 EXIT_USAGE = 2
-COMMANDS = ("train",)
+COMMANDS = ("train", "verify")
 """Subcommand modules under trainfit.commands, in help order."""
 
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except TrainfitError as e:
         return fail(str(e))
+    except OSError as e:  # the environment, not a bug: a full disk, no permission, a missing directory
+        where = f": {e.filename}" if e.filename else ""
+        return fail(f"{e.strerror or e}{where}; checkpoints already on disk are intact (they are written atomically)")
     except KeyboardInterrupt:
         return fail("interrupted")
 
