@@ -1,0 +1,297 @@
+"""Verify the levers: one optimizer step of the configured run against the plain reference.
+
+The reference is written here in plain PyTorch, independent of the levers: an fp32 model
+on one device, the whole global batch in one forward, ``loss_sum / count`` backward,
+the same clipping and the same optimizer. The configured run is built exactly as
+``trainfit train`` builds it and stepped once through :func:`trainfit.engine.optimizer_step`
+on the same samples, starting from the same weights.
+
+Reported:
+  * gradient cosine similarity and relative error (``||g - g_ref|| / ||g_ref||``), the
+    gradients taken right after unscaling, before clipping -- what the optimizer would use;
+  * the worst per-tensor relative error of the update (``||du - du_ref|| / ||du_ref||``);
+  * skipped steps (overflow), retried on the same data as training would;
+  * the share of non-zero gradient values that fp16 *without* loss scaling flushes to zero.
+
+A failure names its likely cause by testing hypotheses against the reference: gradients
+still multiplied by the loss scale (a scaler never unscaled), or gradients equal to a
+mean of per-micro-batch means (accumulation normalised per micro-batch).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from trainfit.config import RunConfig
+from trainfit.data import global_indices, rank_micro_batches
+from trainfit.engine import optimizer_step
+from trainfit.errors import ConfigError, TrainfitError
+from trainfit.tasks.base import to_device
+from trainfit.train import build_run, make_optimizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tolerance:
+    """Pass thresholds for one precision (measured on the built-ins; see tests/test_verify.py)."""
+
+    min_cosine: float
+    """Lowest gradient cosine similarity that passes."""
+    max_grad_rel_error: float
+    """Largest ``||g - g_ref|| / ||g_ref||`` that passes."""
+    max_update_rel_error: float
+    """Largest worst-tensor relative error of the parameter update that passes."""
+
+
+# fp32 differs from the reference only by summation order (~1e-7 relative). Half precisions
+# round every matmul input: bf16 keeps 8 mantissa bits (~4e-3 per op), fp16 keeps 11.
+# Adam's first update is ~sign(g), so tiny gradients whose sign flips under rounding
+# dominate the update error in half precision: that tolerance is loose on purpose, the
+# gradient checks carry the signal.
+TOLERANCES = {
+    "fp32": Tolerance(min_cosine=1 - 1e-6, max_grad_rel_error=1e-4, max_update_rel_error=1e-3),
+    "bf16-mixed": Tolerance(min_cosine=0.999, max_grad_rel_error=0.05, max_update_rel_error=1.0),
+    "fp16-mixed": Tolerance(min_cosine=0.9999, max_grad_rel_error=0.01, max_update_rel_error=1.0),
+    "bf16-true": Tolerance(min_cosine=0.995, max_grad_rel_error=0.1, max_update_rel_error=1.0),
+    "fp16-true": Tolerance(min_cosine=0.9995, max_grad_rel_error=0.03, max_update_rel_error=1.0),
+}
+
+MAX_ATTEMPTS = 16
+"""Overflowing attempts tolerated (each halves the loss scale) before giving up."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport:
+    precision: str
+    strategy: str
+    micro_batch: int
+    accumulation: int
+    world_size: int
+    global_batch: int
+    grad_cosine: float
+    grad_rel_error: float
+    grad_norm_ratio: float
+    """||g|| / ||g_ref||: 1 when correct; the loss scale when never unscaled."""
+    update_max_rel_error: float
+    skipped_steps: int
+    fp16_underflow_frac: float
+    """Non-zero reference gradient values that become 0 when cast to fp16 (no loss scaling)."""
+    loss_scale: float
+    tolerance: Tolerance
+    passed: bool
+    causes: list[str] = field(default_factory=list)
+    """Why it failed, most likely first (empty when it passed)."""
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["tolerance"] = dict(self.tolerance.__dict__)
+        return d
+
+
+# ----------------------------------------------------------------- pure helpers
+
+def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).double() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b) / (na * nb)
+
+
+def rel_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    nr = float(ref.norm())
+    diff = float((a - ref).norm())
+    return diff / nr if nr > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def update_rel_error(upd: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    """Worst per-tensor relative error of the update."""
+    return max((rel_error(u.double().reshape(-1), r.double().reshape(-1)) for u, r in zip(upd, ref)), default=0.0)
+
+
+def fp16_underflow_fraction(grads: list[torch.Tensor]) -> float:
+    """Share of non-zero gradient values that round to zero in fp16 (below ~2**-25)."""
+    g = flat(grads)
+    nz = g != 0
+    n = int(nz.sum())
+    return float(((g.to(torch.float16) == 0) & nz).sum()) / n if n else 0.0
+
+
+def judge(*, precision: str, cos: float, grad_rel: float, upd_rel: float, stepped: bool) -> tuple[Tolerance, bool]:
+    tol = TOLERANCES[precision]
+    ok = stepped and cos >= tol.min_cosine and grad_rel <= tol.max_grad_rel_error and upd_rel <= tol.max_update_rel_error
+    return tol, ok
+
+
+def near_ratio(x: float, target: float, factor: float = 1.5) -> bool:
+    return x > 0 and target > 0 and abs(math.log(x / target)) < math.log(factor)
+
+
+# ----------------------------------------------------------------- torch shell
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A full local copy of a (possibly sharded DTensor) tensor. Collective when sharded."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t).detach().clone()
+
+
+def _reference_grads(model: nn.Module, task, batches: list) -> list[torch.Tensor]:
+    """fp32 gradient of ``sum(loss_sums) / sum(counts)`` over ``batches`` (no grads left behind)."""
+    model.zero_grad(set_to_none=True)
+    total = sum(task.count(b) for b in batches)
+    for b in batches:
+        loss_sum, _ = task.loss(model, b)
+        (loss_sum / total).backward()
+    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _mean_of_means_grads(model: nn.Module, task, micro_batches: list) -> list[torch.Tensor]:
+    """Gradient a mis-normalised accumulation computes: mean over micro-batches of each one's mean loss."""
+    model.zero_grad(set_to_none=True)
+    for b in micro_batches:
+        loss_sum, _ = task.loss(model, b)
+        (loss_sum / max(task.count(b), 1) / len(micro_batches)).backward()
+    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def verify(cfg: RunConfig, *, strategy=None) -> VerifyReport:
+    """Step the configured levers once and compare with the fp32 big-batch reference.
+
+    Raises:
+        ConfigError: ``micro_batch="auto"`` (verify needs a concrete split).
+        TrainfitError: the configured model does not start from the reference's weights.
+    """
+    if cfg.micro_batch == "auto":
+        raise ConfigError("micro_batch", "auto", "an integer", "verify checks one concrete split; pass --micro-batch N")
+    run = build_run(cfg, strategy=strategy)
+    st, task, prec = run.strategy, run.task, run.precision
+    ds = task.dataset()
+    world = st.world_size
+    global_batch = cfg.micro_batch * cfg.accumulation * world
+
+    # The reference: fp32, one device, same seed -> same initial weights (checked below).
+    ref = task.build_model().float()
+    ref_params = list(ref.parameters())
+    init = [p.detach().clone() for p in ref_params]
+    params = prec.optimizer_params(run.model)
+    before = [_full(p).float() for p in params]
+    if len(before) != len(init) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(before, init)):
+        raise TrainfitError(
+            f"verify: model {cfg.model!r} does not build the same initial weights twice from seed {cfg.seed}; "
+            "seed its initialisation inside the factory so the reference starts from the same point")
+
+    idx = global_indices(0, global_batch, len(ds), cfg.seed)
+    big = task.collate([ds[i] for i in idx])
+    ref_grads = _reference_grads(ref, task, [big])
+    opt_ref = make_optimizer(cfg, ref_params)
+    for p, g in zip(ref_params, ref_grads):
+        p.grad = g.clone()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(ref_params, cfg.grad_clip)
+    opt_ref.step()
+    ref_update = [p.detach() - a for p, a in zip(ref_params, init)]
+
+    # The configured step, observed from outside: capture gradients right after unscaling.
+    captured: list[list[torch.Tensor]] = []
+    original = prec.unscale_and_check
+
+    def observed_unscale(model, all_reduce_max=None):
+        ok = original(model, all_reduce_max)
+        captured.append([_full(p.grad).float() if p.grad is not None else torch.zeros(p.shape) for p in params])
+        return ok
+
+    prec.unscale_and_check = observed_unscale
+    local_idx = rank_micro_batches(0, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation, rank=st.rank,
+                                   world_size=world, dataset_size=len(ds), seed=cfg.seed)
+    mbs = [to_device(task.collate([ds[i] for i in mb]), st.device) for mb in local_idx]
+    skipped, stepped, scale = 0, False, prec.scaler.scale
+    try:
+        for _ in range(MAX_ATTEMPTS):
+            scale = prec.scaler.scale
+            res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=prec, micro_batches=mbs,
+                                 loss_fn=task.loss, count_fn=task.count, strategy=st, grad_clip=cfg.grad_clip)
+            if res.stepped:
+                stepped = True
+                break
+            skipped += 1
+            if not prec.scaler.enabled:
+                break  # without a scaler a retry would overflow the same way
+    finally:
+        prec.unscale_and_check = original
+    grads = captured[-1] if captured else [torch.zeros_like(g) for g in ref_grads]
+    update = [_full(p).float() - b for p, b in zip(params, before)]
+
+    g, gr = flat(grads), flat(ref_grads)
+    cos, grad_rel = cosine(g, gr), rel_error(g, gr)
+    ratio = float(g.norm()) / max(float(gr.norm()), 1e-300)
+    upd_rel = update_rel_error(update, ref_update) if stepped else math.inf
+    tol, ok = judge(precision=cfg.precision, cos=cos, grad_rel=grad_rel, upd_rel=upd_rel, stepped=stepped)
+    causes = [] if ok else _diagnose(cfg, run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped,
+                                     cos, grad_rel, upd_rel, tol)
+    return VerifyReport(precision=cfg.precision, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
+                        accumulation=cfg.accumulation, world_size=world, global_batch=global_batch,
+                        grad_cosine=cos, grad_rel_error=grad_rel, grad_norm_ratio=ratio,
+                        update_max_rel_error=upd_rel, skipped_steps=skipped,
+                        fp16_underflow_frac=fp16_underflow_fraction(ref_grads), loss_scale=scale,
+                        tolerance=tol, passed=ok, causes=causes)
+
+
+def _diagnose(cfg, run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,
+              tol) -> list[str]:
+    """Test the known failure hypotheses against the reference; most specific first."""
+    causes = []
+    if not stepped:
+        causes.append(f"all {skipped} attempts were skipped (non-finite gradients or loss) with precision="
+                      f"{cfg.precision}; the step never ran")
+        return causes
+    if run.precision.scaler.enabled and near_ratio(ratio, scale):
+        causes.append(f"gradients reach the optimizer still multiplied by the loss scale (norm {ratio:.4g}x the "
+                      f"reference, loss scale {scale:g}): the loss scaler is never unscaled before clipping/step")
+    elif run.precision.scaler.enabled and near_ratio(ratio, 1 / scale):
+        causes.append(f"gradients are divided by the loss scale twice (norm {ratio:.3g}x the reference, "
+                      f"1/scale = {1 / scale:.3g}): unscaled more than once")
+    # Mean of means: rebuild all ranks' micro-batches and see whether the configured
+    # gradient is that quantity rather than the big-batch one.
+    if cfg.accumulation * st.world_size > 1:
+        model = copy.deepcopy(ref)
+        with torch.no_grad():
+            for p, a in zip(model.parameters(), init):
+                p.copy_(a)
+        mbs = [task.collate([ds[i] for i in mb])
+               for r in range(st.world_size)
+               for mb in rank_micro_batches(0, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation, rank=r,
+                                            world_size=st.world_size, dataset_size=len(ds), seed=cfg.seed)]
+        mom = flat(_mean_of_means_grads(model, task, mbs))
+        per_mb = flat(_reference_grads(model, task, mbs))  # correct normalisation, split the same way
+        err_mom = rel_error(g, mom)
+        # Only a hypothesis when it differs from the correct split (equal counts make them equal).
+        if err_mom < grad_rel / 3 and rel_error(mom, per_mb) > tol.max_grad_rel_error:
+            causes.append(
+                f"mis-normalised accumulation: the gradient matches a mean of per-micro-batch means (relative "
+                f"error {err_mom:.2e}) rather than the big-batch gradient ({grad_rel:.2e}); micro-batches hold "
+                "different numbers of loss tokens (padding), so each micro-batch's loss sum must be divided by the "
+                "whole window's token count, not averaged per micro-batch")
+    if not causes and near_ratio(ratio, cfg.accumulation * st.world_size, 1.2) and cfg.accumulation * st.world_size > 1:
+        causes.append(f"gradient norm is {ratio:.3g}x the reference (= micro-batches x ranks): losses are summed over "
+                      "the window without dividing by its token count")
+    if not causes and run.batchnorm and cfg.accumulation > 1:
+        causes.append(f"BatchNorm layers ({', '.join(run.batchnorm)}) normalise over each micro-batch, so "
+                      f"accumulation={cfg.accumulation} cannot equal one big batch; use accumulation=1 or "
+                      "GroupNorm/LayerNorm")
+    if not causes:
+        causes.append(
+            f"gradients or update outside the {cfg.precision} tolerance (cosine {cos:.6f} >= {tol.min_cosine}, "
+            f"relative error {grad_rel:.2e} <= {tol.max_grad_rel_error}, update error {upd_rel:.2e} <= "
+            f"{tol.max_update_rel_error} required); no known cause matched")
+    return causes
