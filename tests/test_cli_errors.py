@@ -1,0 +1,80 @@
+"""Bad input: one clear line naming field/file and what is allowed, exit 2, nothing overwritten."""
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+BASE = [sys.executable, "-m", "trainfit", "train", "--steps", "1", "--model-config", "n_layer=1,d_model=32,n_head=2",
+        "--seq", "16"]
+
+
+def _run(args, tmp_path):
+    return subprocess.run(BASE + ["--run-dir", str(tmp_path / "run")] + args, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--precision", "fp8"], "precision='fp8' is not valid; allowed: one of: fp32, bf16-mixed"),
+    (["--accumulation", "0"], "accumulation=0 is not valid; allowed: an integer >= 1"),
+    (["--micro-batch", "0"], "micro_batch=0 is not valid; allowed: an integer >= 1"),
+    (["--micro-batch", "x"], "micro_batch='x' is not valid; allowed: an integer"),
+    (["--checkpointing", "sometimes"], "checkpointing='sometimes' is not valid"),
+    (["--model", "resnet9000"], "model='resnet9000' is not valid; allowed: one of: gpt-tiny"),
+])
+def test_bad_flags(tmp_path, args, needle):
+    r = _run(args, tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert needle in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_config_key(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('precision = "fp32"\nmicro_bach = 4\n')
+    r = subprocess.run([sys.executable, "-m", "trainfit", "train", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "config key='micro_bach' is not valid; allowed: one of:" in r.stderr and "micro_batch" in r.stderr
+
+
+def _checkpoint(tmp_path):
+    r = _run([], tmp_path)
+    assert r.returncode == 0, r.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000001.pt"
+    return ckpt, hashlib.sha256(ckpt.read_bytes()).hexdigest()
+
+
+def test_corrupt_checkpoint_is_refused_and_kept(tmp_path):
+    ckpt, _ = _checkpoint(tmp_path)
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+    before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    r = _run(["--resume", "--steps", "2"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "fails its sha256 checksum" in r.stderr and "step-00000001.pt" in r.stderr
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
+
+
+def test_foreign_checkpoint_is_refused(tmp_path):
+    ckpt, _ = _checkpoint(tmp_path)
+    torch.save({"weights": torch.ones(3)}, ckpt)
+    ckpt.with_suffix(".json").unlink()
+    (ckpt.parent / "step-00000002.pt").write_bytes(b"not a checkpoint")
+    (ckpt.parent / "step-00000002.json").write_text('{"bytes": 16, "sha256": "x"}')
+    from trainfit.checkpoint import read_checkpoint
+    from trainfit.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="is not a trainfit checkpoint"):
+        read_checkpoint(ckpt)
+    r = _run(["--resume", "--steps", "3"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("trainfit: error: no usable checkpoint")
+
+
+def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path):
+    ckpt, digest = _checkpoint(tmp_path)
+    r = _run([], tmp_path)
+    assert r.returncode == 2 and "pass --resume to continue it" in r.stderr
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest

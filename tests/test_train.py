@@ -1,0 +1,67 @@
+"""The training loop: loss falls, resume is bitwise, the JSON summary is the only stdout."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainfit.checkpoint import list_checkpoints, read_checkpoint
+from trainfit.config import RunConfig
+from trainfit.train import train
+
+TINY = dict(model_config="n_layer=1,d_model=32,n_head=2", seq_len=16, micro_batch=2, accumulation=2, lr=1e-2)
+
+
+def _final_state(run_dir):
+    state = read_checkpoint(list_checkpoints(run_dir)[-1])
+    return state["model"], state["optimizer"]["state"], state["precision"]
+
+
+def _assert_bitwise(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_bitwise(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_bitwise(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16-mixed"])
+def test_resume_is_bitwise_identical(tmp_path, precision):
+    N = 3
+    full = RunConfig(**TINY, precision=precision, steps=2 * N, run_dir=str(tmp_path / "full"))
+    train(full, progress=False)
+    half = RunConfig(**TINY, precision=precision, steps=N, run_dir=str(tmp_path / "split"))
+    train(half, progress=False)
+    train(RunConfig(**TINY, precision=precision, steps=2 * N, run_dir=str(tmp_path / "split")), resume=True,
+          progress=False)
+    _assert_bitwise(_final_state(tmp_path / "full"), _final_state(tmp_path / "split"))
+
+
+def test_loss_falls_on_the_default_task(tmp_path):
+    cfg = RunConfig(model_config="n_layer=2,d_model=64,n_head=2", steps=40, run_dir=str(tmp_path), seq_len=32)
+    s = train(cfg, progress=False)
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = sum(l["loss"] for l in lines[:5]) / 5
+    last = sum(l["loss"] for l in lines[-5:]) / 5
+    assert last < first - 0.3, (first, last)
+    assert s.skipped_steps == 0 and s.steps == 40 and s.effective_batch == 32
+
+
+def test_cli_json_is_the_only_stdout(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "trainfit", "train", "--steps", "2", "--model-config",
+                        "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--run-dir", str(tmp_path), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"steps", "final_loss", "skipped_steps", "tokens_per_s", "effective_batch"} <= out.keys()
+    assert out["steps"] == 2 and out["effective_batch"] == 32
+    assert len(r.stdout.strip().splitlines()) == 1
