@@ -83,6 +83,9 @@ def save_checkpoint(run_dir: str | Path, step: int, payload: dict, *, keep: int 
     for old in list_checkpoints(run_dir)[:-keep]:
         old.with_suffix(".json").unlink(missing_ok=True)
         old.unlink(missing_ok=True)
+    for stale in d.glob(".step-*.tmp-*"):  # left by a process killed mid-write (each is a whole checkpoint)
+        if not stale.name.endswith(f".tmp-{os.getpid()}"):
+            stale.unlink(missing_ok=True)
     return path
 
 

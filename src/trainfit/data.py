@@ -56,5 +56,8 @@ def make_loader(dataset, collate, *, start_step: int, micro_batch: int, accumula
                 world_size: int = 1, seed: int = 0, workers: int = 0, pin_memory: bool = False) -> DataLoader:
     sampler = StepSampler(start_step=start_step, micro_batch=micro_batch, accumulation=accumulation, rank=rank,
                           world_size=world_size, dataset_size=len(dataset), seed=seed)
+    # Its own generator: iter(DataLoader) otherwise draws a worker seed from the global RNG, which
+    # shifts the model's RNG stream (dropout) between a run and its resume.
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=workers > 0)
+                      pin_memory=pin_memory, persistent_workers=workers > 0,
+                      generator=torch.Generator().manual_seed(seed * 100_003 + start_step))

@@ -205,3 +205,15 @@ def test_real_full_disk_tmpfs_cli_exits_2_and_keeps_checkpoints(tmp_path, free_k
     found = ck.load_latest(out / "run") if (out / "run").exists() else None
     if free_kib >= 1100:
         assert found is not None and found[1]["step"] >= 1  # at least one checkpoint fit, and it verifies
+
+
+def test_leftovers_of_a_killed_writer_do_not_block_or_leak(tmp_path):
+    """A crash after the .pt rename but before its sidecar, and a temporary file of a dead
+    process: a fresh run starts (the lone .pt is not a checkpoint) and cleans both up."""
+    d = ck.checkpoint_dir(tmp_path)
+    d.mkdir(parents=True)
+    (d / "step-00000001.pt").write_bytes(b"cut short")
+    (d / ".step-00000002.pt.tmp-999999").write_bytes(b"x" * 1000)
+    train(tiny_config(steps=2, checkpoint_every=1, run_dir=str(tmp_path)), progress=False)
+    assert sorted(p.name for p in d.iterdir()) == [f"step-0000000{i}.{e}" for i in (1, 2) for e in ("json", "pt")]
+    assert latest(tmp_path)[1]["step"] == 2

@@ -1,0 +1,220 @@
+"""SIGKILL stress: kill ``trainfit train --checkpoint-every 1`` at random moments, resume, compare.
+
+Each trial starts the tiny GPT job in a fresh run directory, SIGKILLs it at a moment drawn
+uniformly over the reference run's wall time (startup included), checks what is on disk,
+and repeats that 1-2 times before letting the job finish (``--resume`` when a complete
+checkpoint exists, a fresh start otherwise -- what a user or a restart loop would do).
+The final checkpoint must equal an uninterrupted run's bitwise.
+
+Per kill it records: the newest complete checkpoint verifies (no fallback needed), how
+many steps were redone (work lost), whether the kill landed inside a checkpoint write
+(a temporary file or a ``.pt`` without its sidecar on disk).
+
+"Bytes lost" = bytes of complete checkpoints that no longer verify after a kill, plus
+bytes of the final state (model, optimizer, scaler, RNG) that differ from the reference.
+It must be zero.
+
+Usage::
+
+    python benchmarks/stress_sigkill.py --trials 24 --steps 200      # writes benchmarks/results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--micro-batch", "2", "--accumulation", "2"]
+STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
+
+
+def _cmd(run_dir: Path, steps: int, resume: bool, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "trainfit", "train", *TINY, *extra, "--steps", str(steps), "--checkpoint-every", "1",
+           "--run-dir", str(run_dir)]
+    return cmd + (["--resume"] if resume else [])
+
+
+def _launch(run_dir: Path, steps: int, extra: list[str]) -> subprocess.Popen:
+    from trainfit.checkpoint import list_checkpoints
+
+    resume = bool(list_checkpoints(run_dir))
+    return subprocess.Popen(_cmd(run_dir, steps, resume, extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _finish(p: subprocess.Popen, timeout: float) -> None:
+    _, err = p.communicate(timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"run failed with exit {p.returncode}: {err.strip().splitlines()[-1:]}")
+
+
+def _diff_bytes(a, b) -> int:
+    """Bytes of tensor data that differ between two nested states (bitwise)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return max(a.nbytes, b.nbytes)
+        x = a.detach().contiguous().reshape(-1).view(torch.uint8)
+        y = b.detach().contiguous().reshape(-1).view(torch.uint8)
+        return int((x != y).sum())
+    if isinstance(a, dict) and isinstance(b, dict):
+        extra = sum(_size(a[k]) for k in a.keys() - b.keys()) + sum(_size(b[k]) for k in b.keys() - a.keys())
+        return extra + sum(_diff_bytes(a[k], b[k]) for k in a.keys() & b.keys())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return sum(_diff_bytes(x, y) for x, y in zip(a, b))
+    return 0 if a == b else max(_size(a), _size(b), 1)
+
+
+def _size(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.nbytes
+    if isinstance(x, dict):
+        return sum(_size(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return sum(_size(v) for v in x)
+    return 8
+
+
+def _final_state(run_dir: Path) -> dict:
+    from trainfit.checkpoint import load_latest
+
+    found = load_latest(run_dir)
+    assert found is not None, f"no checkpoint in {run_dir}"
+    return {k: found[1][k] for k in STATE_KEYS}
+
+
+def _inspect_after_kill(run_dir: Path) -> dict:
+    """What a SIGKILL left behind: does the newest complete checkpoint verify by itself?"""
+    from trainfit.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints, read_checkpoint
+
+    d = checkpoint_dir(run_dir)
+    complete = list_checkpoints(run_dir)
+    names = [p.name for p in d.iterdir()] if d.is_dir() else []
+    mid_write = any(".tmp-" in n for n in names) or any(
+        n.endswith(".pt") and f"{n[:-3]}.json" not in names for n in names)
+    out = {"complete": len(complete), "newest_step": None, "newest_ok": None, "bytes_lost": 0, "mid_write": mid_write,
+           "metrics_step": 0}
+    if complete:
+        newest = complete[-1]
+        out["newest_step"] = int(newest.stem.split("-")[1])
+        try:
+            read_checkpoint(newest)
+            out["newest_ok"] = True
+        except CheckpointError:
+            out["newest_ok"] = False
+            out["bytes_lost"] = json.loads(newest.with_suffix(".json").read_text()).get("bytes", newest.stat().st_size)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                out["metrics_step"] = max(out["metrics_step"], json.loads(line)["step"])
+            except (ValueError, KeyError):
+                pass  # a line cut by the kill
+    return out
+
+
+def reference(workdir: Path, steps: int, extra: list[str]) -> tuple[dict, float]:
+    run_dir = workdir / "reference"
+    t0 = time.perf_counter()
+    _finish(_launch(run_dir, steps, extra), timeout=600)
+    return _final_state(run_dir), time.perf_counter() - t0
+
+
+def trial(i: int, rng: random.Random, workdir: Path, steps: int, ref: dict, ref_wall_s: float,
+          extra: list[str]) -> dict:
+    run_dir = workdir / f"trial-{i:03d}"
+    kills = []
+    for _ in range(rng.choice((1, 2))):
+        delay = rng.uniform(0.0, ref_wall_s)
+        p = _launch(run_dir, steps, extra)
+        try:
+            p.wait(timeout=delay)
+            finished_first = True
+        except subprocess.TimeoutExpired:
+            finished_first = False
+            os.killpg(p.pid, signal.SIGKILL)  # the whole session: no child may outlive it
+            p.wait()
+        p.stderr.close()
+        if finished_first:
+            break
+        info = _inspect_after_kill(run_dir)
+        info["delay_s"] = round(delay, 3)
+        kills.append(info)
+    launches = 0
+    from trainfit.checkpoint import list_checkpoints
+
+    while not list_checkpoints(run_dir) or int(list_checkpoints(run_dir)[-1].stem.split("-")[1]) < steps:
+        launches += 1
+        _finish(_launch(run_dir, steps, extra), timeout=600)
+    final = _final_state(run_dir)
+    diff = _diff_bytes(final, ref)
+    leftovers = [n.name for n in (run_dir / "checkpoints").iterdir() if ".tmp-" in n.name]
+    return {"trial": i, "kills": kills, "resumed_runs": launches, "final_diff_bytes": diff,
+            "bytes_lost": diff + sum(k["bytes_lost"] for k in kills), "tmp_leftovers": len(leftovers)}
+
+
+def summarize(results: list[dict], *, steps: int, ref_wall_s: float, seed: int) -> dict:
+    kills = [k for r in results for k in r["kills"]]
+    with_ckpt = [k for k in kills if k["complete"]]
+    return {
+        "trials": len(results),
+        "steps_per_run": steps,
+        "seed": seed,
+        "reference_wall_s": round(ref_wall_s, 2),
+        "faults_injected": len(kills),
+        "kills_mid_checkpoint_write": sum(k["mid_write"] for k in kills),
+        "kills_before_first_checkpoint": sum(not k["complete"] for k in kills),
+        "newest_checkpoint_verified": sum(bool(k["newest_ok"]) for k in with_ckpt),
+        "newest_checkpoint_checked": len(with_ckpt),
+        "runs_resumed": sum(r["resumed_runs"] for r in results),
+        "max_steps_redone": max((k["metrics_step"] - (k["newest_step"] or 0) for k in kills), default=0),
+        "final_state_bitwise_equal": sum(r["final_diff_bytes"] == 0 for r in results),
+        "bytes_lost": sum(r["bytes_lost"] for r in results),
+        "tmp_files_left": sum(r["tmp_leftovers"] for r in results),
+    }
+
+
+def run(trials: int, steps: int, seed: int, workdir: Path, extra: list[str] | None = None) -> tuple[dict, list]:
+    extra = extra or []
+    ref, ref_wall = reference(workdir, steps, extra)
+    rng = random.Random(seed)
+    results = [trial(i, rng, workdir, steps, ref, ref_wall, extra) for i in range(trials)]
+    return summarize(results, steps=steps, ref_wall_s=ref_wall, seed=seed), results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="trainfit-sigkill-") as tmp:
+        t0 = time.perf_counter()
+        summary, results = run(a.trials, a.steps, a.seed, Path(tmp), ["--precision", a.precision])
+        summary["precision"] = a.precision
+        summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    summary["command"] = " ".join(["python", "benchmarks/stress_sigkill.py", *sys.argv[1:]])
+    a.out.mkdir(parents=True, exist_ok=True)
+    name = f"stress_sigkill_{a.precision}"
+    (a.out / f"{name}.json").write_text(json.dumps({"summary": summary, "trials": results}, indent=1) + "\n")
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items())
+    (a.out / f"{name}.md").write_text(f"# SIGKILL stress ({a.precision})\n\n| measure | value |\n|---|---|\n{rows}\n")
+    print(json.dumps(summary, indent=1))
+    ok = summary["bytes_lost"] == 0 and summary["final_state_bitwise_equal"] == summary["trials"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
