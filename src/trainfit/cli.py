@@ -16,7 +16,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 
 EXIT_USAGE = 2
-COMMANDS = ("train", "verify")
+COMMANDS = ("train", "verify", "plan", "report")
 """Subcommand modules under trainfit.commands, in help order."""
 
 
@@ -40,6 +40,7 @@ RUN_FLAGS = {
     "checkpointing": "none, full, every:K, class:Name[,Name]",
     "strategy": "single, ddp, zero1, zero2, zero3",
     "grad_sync": "deferred or per-micro-batch (zero2/zero3 with accumulation)",
+    "global_batch": "samples per optimizer step over all ranks (accumulation is derived from it)",
     "optimizer": "adamw, adam, sgd",
     "lr": "learning rate",
     "steps": "optimizer steps",

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from trainfit.errors import ConfigError, check_choice, check_int, check_number
 from trainfit.levers.checkpointing import CheckpointPolicy, parse_checkpoint_policy
 from trainfit.levers.precision import PRECISIONS
+from trainfit.strategies.compat import check_precision
 
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -63,6 +64,12 @@ class RunConfig:
     or "per-micro-batch" (reduce-scatter every micro-batch, less memory, more traffic)."""
     nproc: int = 1
     """Processes to launch on this node with torchrun (``trainfit train --nproc N``)."""
+    global_batch: int = 0
+    """Samples per optimizer step over all ranks; when > 0 each rank's accumulation is derived from it
+    (global_batch / (world_size x micro_batch)), so the step is the same on any world size. 0: micro_batch x
+    accumulation x world_size."""
+    collective_timeout_s: float = 300.0
+    """Seconds a collective may wait for the other ranks before this rank fails (a dead peer must not hang it)."""
     optimizer: str = "adamw"
     """adamw, adam or sgd."""
     lr: float = 3e-3
@@ -100,7 +107,10 @@ class RunConfig:
         check_int("seq_len", self.seq_len, minimum=2)
         check_choice("strategy", self.strategy, STRATEGIES)
         check_choice("grad_sync", self.grad_sync, GRAD_SYNCS)
+        check_precision(self.strategy, self.precision)  # e.g. fp16-true cannot be sharded by zero2/zero3
         check_int("nproc", self.nproc, minimum=1)
+        check_int("global_batch", self.global_batch, minimum=0)
+        check_number("collective_timeout_s", self.collective_timeout_s, minimum=0.0)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_number("lr", self.lr, minimum=0.0)
         check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)

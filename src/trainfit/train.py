@@ -23,7 +23,8 @@ from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
 from trainfit.levers.precision import Precision, make_precision
-from trainfit.strategies import make_strategy
+from trainfit.strategies import fit_to_world, make_strategy
+from trainfit.strategies.dist_checkpoint import has_checkpoints, resume_sharded
 from trainfit.tasks import Task, make_task
 from trainfit.tasks.base import to_device
 
@@ -66,6 +67,8 @@ def build_run(cfg: RunConfig, *, strategy=None) -> Run:
     precision.prepare(model)
     model = strategy.wrap(model, precision, blocks)
     optimizer = make_optimizer(cfg, precision.optimizer_params(model))
+    if hasattr(strategy, "shard_optimizer"):  # zero1: each rank keeps the state of its partition only
+        optimizer = strategy.shard_optimizer(optimizer)
     return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
                checkpointed=checkpointed, batchnorm=bn)
 
@@ -123,16 +126,21 @@ def _progress(total: int, initial: int, enabled: bool):
 
 
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy=None) -> Summary:
+    strategy = strategy or make_strategy(cfg)
+    cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> accumulation per rank
     run = build_run(cfg, strategy=strategy)
     st = run.strategy
     run_dir = Path(cfg.run_dir)
     start = 0
-    if resume:
+    sharded_start = resume_sharded(run, run_dir) if resume else None  # DCP checkpoints, any strategy/world
+    if sharded_start is not None:
+        start = sharded_start
+    elif resume:
         found = load_latest(run_dir)
         if found is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume first")
         start = restore_state(run, found[1], found[0])
-    elif any(run_dir.glob("checkpoints/step-*.pt")):
+    elif has_checkpoints(run_dir):
         raise ConfigError("run_dir", str(run_dir), "a directory without checkpoints",
                           "pass --resume to continue it, or choose a new --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)

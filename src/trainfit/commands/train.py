@@ -1,11 +1,19 @@
-"""``trainfit train``: run the configured job (the embedded default when given nothing)."""
+"""``trainfit train``: run the configured job (the embedded default when given nothing).
+
+Under torchrun (``torchrun --nproc_per_node=N -m trainfit train ...``) each worker joins
+the process group first; ``--nproc N`` launches those N workers through torch's own
+launcher (``torch.distributed.run``). After an elastic restart (``--max-restarts``) the
+workers resume from the newest checkpoint by themselves.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from trainfit.cli import add_run_flags, config_from_args
+from trainfit.errors import TrainfitError
 
 
 def register(sub) -> None:
@@ -13,18 +21,81 @@ def register(sub) -> None:
     add_run_flags(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
+    p.add_argument("--nproc", type=int, help="launch N processes on this machine with torch.distributed.run")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="with --nproc: restart all workers up to N times after a failure (they resume)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from trainfit.train import train
+    from trainfit.config import dump_toml
+    from trainfit.strategies import launch
+    from trainfit.strategies import process_group as pg
 
-    cfg = config_from_args(args)
-    summary = train(cfg, resume=args.resume, progress=True).to_dict()
+    cfg = config_from_args(args, **({"nproc": args.nproc} if args.nproc else {}))
+    env = launch.torchrun_env()
+    if env is None and cfg.nproc > 1:
+        return _launch(cfg, args, dump_toml(cfg))
+    resume = args.resume
+    if env is not None:
+        launch.init_from_torchrun(env, timeout_s=cfg.collective_timeout_s)
+        resume = resume or (env.restart_count > 0 and _has_checkpoints(cfg.run_dir))
+    try:
+        with pg.stop_on_peer_failure(lambda: _last_checkpoint(cfg.run_dir)):
+            summary = _train(cfg, resume)
+    finally:
+        pg.destroy()
+    if summary is None:
+        return 0
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"{summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
               f"{summary['skipped_steps']} skipped, {summary['tokens_per_s']:,.0f} {summary['unit']}/s, "
               f"effective batch {summary['effective_batch']} samples; run dir {summary['run_dir']}", file=sys.stderr)
+    return 0
+
+
+def _train(cfg, resume: bool) -> dict | None:
+    """Train; the summary on rank 0, None on the other ranks (only rank 0 reports)."""
+    from trainfit.strategies import process_group as pg
+    from trainfit.train import train
+
+    summary = train(cfg, resume=resume, progress=True).to_dict()
+    world = pg.current()
+    return summary if world is None or world.rank == 0 else None
+
+
+def _has_checkpoints(run_dir: str) -> bool:
+    from trainfit.strategies.dist_checkpoint import has_checkpoints
+
+    return has_checkpoints(run_dir)
+
+
+def _last_checkpoint(run_dir: str) -> str | None:
+    from trainfit.checkpoint import list_checkpoints
+    from trainfit.strategies.dist_checkpoint import list_dcp
+
+    found = sorted([*list_dcp(run_dir), *list_checkpoints(run_dir)], key=lambda p: p.name)
+    return str(found[-1]) if found else None
+
+
+def _launch(cfg, args, toml: str) -> int:
+    """Re-run this command in ``cfg.nproc`` workers; the resolved config travels as a TOML file."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from trainfit.strategies import launch
+
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "launch.toml").write_text(toml)
+    child = ["train", str(run_dir / "launch.toml"), *(["--resume"] if args.resume else []),
+             *(["--json"] if args.json else [])]
+    try:
+        launch.launch(cfg.nproc, child, max_restarts=args.max_restarts)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise TrainfitError(f"train --nproc {cfg.nproc}: worker rank {rank} failed with exit code "
+                            f"{failure.exitcode} (its error is printed above); checkpoints in {run_dir / 'checkpoints'}"
+                            ) from None
     return 0

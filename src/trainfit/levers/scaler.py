@@ -101,7 +101,9 @@ class DynamicLossScaler:
         """
         if self.phase is not Phase.READY:
             raise ScalerOrderError("unscale_() called twice before update()")
-        grads = [g for g in grads if g is not None]
+        # A sharded (DTensor) gradient is checked and unscaled on this rank's shard; all_reduce_max
+        # then makes the ranks agree, so every rank skips the same steps.
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads if g is not None]
         found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else "cpu")
         inv = torch.full((1,), 1.0 / self.state.scale, dtype=torch.float32, device=found.device)
         by_key: dict[tuple, list[torch.Tensor]] = {}

@@ -1,0 +1,212 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP), for the distributed strategies.
+
+Layout under ``RUN_DIR/checkpoints``::
+
+    step-00000050.dcp/        one directory per checkpoint
+        __0_0.distcp ...      each rank writes its own shards (plus one copy of replicated tensors)
+        .metadata             DCP's index: global shape and placement of every tensor
+        trainfit.json         step, config, world size, strategy, precision and scaler state
+
+Atomic at the directory level: every rank writes into ``.step-00000050.dcp.tmp``; after all
+have finished, rank 0 adds ``trainfit.json`` and renames the directory into place, so a
+directory named ``step-*.dcp`` is always complete. A multi-node job needs ``RUN_DIR`` on a
+filesystem all nodes share.
+
+Keys are parameter names (the unwrapped model's), never positions or ranks, so a checkpoint
+loads into any world size and any strategy: DCP reshards each tensor on load (zero3 on 2
+ranks -> single on 1, ddp -> zero2, ...). What is stored: model weights, the optimizer
+state of every parameter (under ``zero1`` each rank writes the partition it owns), and the
+fp32 master weights of ``*-true`` precisions. The torch RNG is not stored: trainfit's
+models have no dropout by default and the data order depends only on the step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from trainfit.checkpoint import atomic_write_bytes, checkpoint_dir, list_checkpoints
+from trainfit.errors import CheckpointError
+
+FORMAT = "trainfit-dcp-v1"
+META = "trainfit.json"
+_MUST_MATCH = ("model", "model_config", "precision", "optimizer", "seed", "seq_len", "dataset_size")
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
+def global_batch(cfg_dict: dict, world_size: int) -> int:
+    return int(cfg_dict["micro_batch"]) * int(cfg_dict["accumulation"]) * world_size
+
+
+def list_dcp(run_dir: str | Path) -> list[Path]:
+    """Complete sharded checkpoints, oldest first."""
+    d = checkpoint_dir(run_dir)
+    return sorted(p for p in d.glob("step-*.dcp") if (p / META).is_file()) if d.is_dir() else []
+
+
+def _step_of(path: Path) -> int:
+    return int(re.search(r"step-(\d+)", path.name).group(1))
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)  # DDP keeps the user's model in .module
+
+
+def _trainable_names(run) -> list[str]:
+    names = [n for n, p in _unwrapped(run.model).named_parameters() if p.requires_grad]
+    assert len(names) == len(run.precision.optimizer_params(run.model)), "optimizer params must follow model order"
+    return names
+
+
+def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: this rank's partition
+
+
+@torch.no_grad()
+def _materialise_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state tensors (DCP loads *into* existing tensors).
+
+    One step with lr=0 on zero gradients creates them without changing any weight
+    (decoupled weight decay multiplies by 1 - lr*wd = 1).
+    """
+    opt = _local_optimizer(optimizer)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    if all(p in opt.state for p in params):
+        return
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    for g, lr in zip(opt.param_groups, lrs):
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+
+
+def _state(run) -> tuple[dict, dict]:
+    """The DCP state (tensors keyed by parameter name) and the precision's non-tensor state."""
+    model_sd = _unwrapped(run.model).state_dict()
+    opt = _local_optimizer(run.optimizer)
+    optim = {}
+    for name, p in zip(_trainable_names(run), run.precision.optimizer_params(run.model)):
+        if p in opt.state:  # zero1: only the partition this rank owns
+            optim[name] = opt.state[p]
+    precision = run.precision.state_dict()
+    masters = precision.pop("master", None)
+    state = {"model": model_sd, "optim": optim}
+    if masters is not None:
+        state["master"] = dict(zip(_trainable_names(run), masters))
+    return state, precision
+
+
+def save(run, step: int) -> Path:
+    """Write a sharded checkpoint after ``step`` optimizer steps (a collective: every rank calls it)."""
+    d = checkpoint_dir(run.cfg.run_dir)
+    final = d / f"step-{step:08d}.dcp"
+    tmp = d / f".{final.name}.tmp"
+    if _rank() == 0:
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a rank that died mid-write
+        tmp.mkdir()
+    _barrier()
+    _materialise_optimizer_state(run.optimizer)
+    state, precision = _state(run)
+    dcp.save(state, checkpoint_id=str(tmp))
+    if _rank() == 0:
+        meta = {"format": FORMAT, "step": step, "config": run.cfg.to_dict(), "world_size": _world(),
+                "strategy": run.strategy.name, "precision": precision}
+        atomic_write_bytes(tmp / META, json.dumps(meta).encode())
+        if final.exists():  # re-written after a restart: the new one is at least as recent
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for old in list_dcp(run.cfg.run_dir)[: -run.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load(run, path: Path) -> int:
+    """Load a sharded checkpoint into ``run`` (any strategy, any world size); returns the next step.
+
+    Raises:
+        CheckpointError: unreadable, or written for a different model/optimizer/precision/global batch.
+    """
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: unreadable {META} ({type(e).__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a trainfit sharded checkpoint (expected {FORMAT!r})")
+    saved, mine = meta["config"], run.cfg.to_dict()
+    for key in _MUST_MATCH:
+        if saved.get(key) != mine[key]:
+            raise CheckpointError(f"checkpoint {path} was written with {key}={saved.get(key)!r}, this run has "
+                                  f"{key}={mine[key]!r}; resume with the same {key} or use a new --run-dir")
+    was, now = global_batch(saved, meta["world_size"]), global_batch(mine, _world())
+    if was != now:
+        raise CheckpointError(
+            f"checkpoint {path} was written with a global batch of {was} samples per step "
+            f"({meta['world_size']} ranks), this run has {now}; set global_batch={was} so the step stays the same")
+    _materialise_optimizer_state(run.optimizer)
+    state, _ = _state(run)
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+        _unwrapped(run.model).load_state_dict(state["model"])
+        precision = dict(meta["precision"])
+        if "master" in state:
+            precision["master"] = [state["master"][n] for n in _trainable_names(run)]
+        run.precision.load_state_dict(precision)
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {str(e).splitlines()[0]}") from None
+    return int(meta["step"])
+
+
+def resume_sharded(run, run_dir: str | Path) -> int | None:
+    """Load the newest checkpoint if it is a sharded one; None when the newest is single-process.
+
+    Raises:
+        CheckpointError: the newest checkpoint is single-process and this run is distributed.
+    """
+    sharded, single = list_dcp(run_dir), list_checkpoints(run_dir)
+    newest_single = _step_of(single[-1]) if single else -1
+    if sharded and _step_of(sharded[-1]) >= newest_single:
+        return load(run, sharded[-1])
+    if single and run.strategy.name != "single":
+        raise CheckpointError(
+            f"the newest checkpoint {single[-1]} was written by strategy=single; resume it with strategy=single "
+            f"(sharded checkpoints, written by ddp/zero1/zero2/zero3, load into any strategy)")
+    return None
+
+
+def has_checkpoints(run_dir: str | Path) -> bool:
+    return bool(list_dcp(run_dir) or list_checkpoints(run_dir))

@@ -1,0 +1,86 @@
+"""Launching: torchrun's environment in, torch's own launcher out.
+
+The only module of trainfit that reads environment variables (the ones torchrun sets for
+each worker). ``trainfit train --nproc N`` re-runs itself under
+``torch.distributed.run`` (the code behind ``torchrun``), standalone: a c10d rendezvous on a
+free loopback port, so nothing is fixed and nothing is home-made.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+from trainfit.strategies import process_group as pg
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchrunEnv:
+    """What torchrun tells a worker."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    restart_count: int
+    """How many times the elastic agent has restarted the workers (0 on the first attempt)."""
+    master_addr: str
+
+
+def torchrun_env() -> TorchrunEnv | None:
+    """This process's torchrun environment, or None when not launched by torchrun."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env and "LOCAL_RANK" not in env:
+        return None
+    return TorchrunEnv(rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
+                       local_rank=int(env.get("LOCAL_RANK", 0)),
+                       restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_interface() -> str | None:
+    """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS), or None."""
+    for _, name in socket.if_nameindex():
+        if name.startswith("lo"):
+            return name
+    return None
+
+
+def bind_gloo_to_loopback() -> None:
+    """Make gloo use the loopback interface (single-machine jobs: no traffic leaves the host)."""
+    name = loopback_interface()
+    if name and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def init_from_torchrun(env: TorchrunEnv, *, timeout_s: float) -> pg.World:
+    """Create the process group from torchrun's environment (``env://``)."""
+    if _is_loopback(env.master_addr):
+        bind_gloo_to_loopback()
+    return pg.init(init_method="env://", local_rank=env.local_rank, timeout_s=timeout_s)
+
+
+def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0) -> None:
+    """Run ``python -m trainfit <child_argv>`` in ``nproc`` processes through torch.distributed.run.
+
+    Raises:
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed
+            (after ``max_restarts`` restarts of the whole group).
+    """
+    from torch.distributed.run import parse_args, run
+
+    bind_gloo_to_loopback()  # inherited by the workers
+    args = parse_args(["--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
+                       "--no-python", sys.executable, "-m", "trainfit", *child_argv])
+    run(args)
