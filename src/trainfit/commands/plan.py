@@ -1,0 +1,139 @@
+"""``trainfit plan``: choose precision, micro-batch, accumulation, checkpointing and strategy before running."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ENTRY_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "peak_bytes_per_device",
+              "step_s", "scaling_efficiency", "fits", "reasons")
+"""Keys of every --json entry (pinned by tests); grad_sync, parts, compute_s, exposed_comm_s follow them."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="choose the levers for a job so it fits and runs fastest")
+    p.add_argument("--model", default="gpt-tiny", help="built-in GPT, llama-7b, llama-70b, hf:Class, module:callable")
+    p.add_argument("--model-config", default="", help="key=value,... overrides")
+    p.add_argument("--global-batch", required=True, help="samples per optimizer step over all devices")
+    p.add_argument("--seq", "--seq-len", dest="seq_len", default="64", help="sequence length in tokens")
+    p.add_argument("--device-memory", required=True, help="memory per device, e.g. 80GiB")
+    p.add_argument("--devices", default="1", help="total devices")
+    p.add_argument("--nodes", default="1", help="nodes the devices are spread over")
+    p.add_argument("--device", default="h100", help="h100, a100 or cpu")
+    p.add_argument("--bandwidth-intra", help="per-device bandwidth inside a node, e.g. 450GB/s")
+    p.add_argument("--bandwidth-inter", help="per-device bandwidth between nodes, e.g. 50GB/s")
+    p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
+    p.add_argument("--headroom", default="0.1", help="share of device memory kept free (default 0.1)")
+    p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
+    p.add_argument("--top", default="10", help="entries to show")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--write", metavar="PLAN.toml", help="write the best plan as a config `trainfit train` runs")
+    p.set_defaults(func=run)
+
+
+def _int(name: str, text: str, minimum: int = 1) -> int:
+    from trainfit.errors import ConfigError
+
+    try:
+        v = int(text)
+    except (TypeError, ValueError):
+        raise ConfigError(name, text, f"an integer >= {minimum}") from None
+    if v < minimum:
+        raise ConfigError(name, text, f"an integer >= {minimum}")
+    return v
+
+
+def _rate(name: str, text: str | None) -> float | None:
+    from trainfit.config import parse_bytes
+
+    if text is None:
+        return None
+    return float(parse_bytes(name, str(text).removesuffix("/s")))
+
+
+def make_plan(args):
+    """Parse the flags, search, and return (result, base config, nproc per node)."""
+    from trainfit.config import make_config, parse_bytes
+    from trainfit.errors import ConfigError
+    from trainfit.plan.devices import device_row, dtypes_of
+    from trainfit.plan.rules import Context
+    from trainfit.plan.search import SearchSpace, search
+    from trainfit.plan.shapes import run_spec
+    from trainfit.plan.sources import basis_provider, links_provider
+
+    devices, nodes = _int("devices", args.devices), _int("nodes", args.nodes)
+    if devices % nodes:
+        raise ConfigError("nodes", nodes, f"a divisor of devices={devices}", "every node holds the same number")
+    try:
+        headroom = float(args.headroom)
+    except ValueError:
+        raise ConfigError("headroom", args.headroom, "a number in [0, 1)") from None
+    row = device_row(args.device)
+    space = SearchSpace(global_batch=_int("global-batch", args.global_batch), devices=devices,
+                        memory_bytes=parse_bytes("device-memory", args.device_memory), headroom=headroom)
+    model, model_config = run_spec(args.model, args.model_config)
+    seq = _int("seq", args.seq_len, 2)
+    base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
+    from trainfit.plan.shapes import PLAN_PRESETS
+
+    basis, used = basis_provider(base if args.model not in PLAN_PRESETS else base, source=args.basis)
+    links = links_provider(row, nodes=nodes, devices=devices, intra=_rate("bandwidth-intra", args.bandwidth_intra),
+                           inter=_rate("bandwidth-inter", args.bandwidth_inter))
+    result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    return result, base, devices // nodes, used, space
+
+
+def plan_config(entry, base, *, nproc: int, global_batch: int):
+    """The RunConfig that runs ``entry`` (``trainfit train PLAN.toml``)."""
+    from trainfit.config import FIELDS, make_config
+
+    values = {"precision": entry.precision, "micro_batch": entry.micro_batch, "accumulation": entry.accumulation,
+              "checkpointing": entry.checkpointing, "strategy": entry.strategy, "grad_sync": entry.grad_sync,
+              "nproc": nproc}
+    if "global_batch" in FIELDS and entry.strategy != "single":
+        values["global_batch"] = global_batch
+    return make_config(values, base=base)
+
+
+def run(args) -> int:
+    from trainfit.config import dump_toml
+
+    result, base, nproc, used, space = make_plan(args)
+    top = _int("top", args.top)
+    shown = result.entries[:top]
+    if args.write:
+        if result.best is None:
+            from trainfit.errors import TrainfitError
+
+            raise TrainfitError("plan: nothing fits, so there is no config to --write: " + "; ".join(result.notes))
+        cfg = plan_config(result.best, base, nproc=nproc, global_batch=space.global_batch)
+        Path(args.write).write_text(dump_toml(cfg))
+    if args.json:
+        out = {"model": args.model, "global_batch": space.global_batch, "devices": space.devices,
+               "device_memory_bytes": space.memory_bytes, "basis": used, "candidates": result.candidates,
+               "excluded": result.excluded, "notes": result.notes,
+               "plans": [{k: e.to_dict()[k] for k in (*ENTRY_KEYS, "grad_sync", "parts", "compute_s",
+                                                      "exposed_comm_s")} for e in shown]}
+        print(json.dumps(out))
+        return 0
+    print(format_table(shown))
+    for n in result.notes:
+        print(n)
+    if args.write:
+        print(f"wrote {args.write}: run it with `trainfit train {args.write}`", file=sys.stderr)
+    return 0
+
+
+def format_table(entries) -> str:
+    head = f"{'#':>3} {'precision':<11}{'mb':>5}{'acc':>6} {'ckpt':<8}{'strategy':<9}{'sync':<16}" \
+           f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
+    lines = [head]
+    for i, e in enumerate(entries, 1):
+        peak = e.peak_bytes_per_device / 2**30
+        why = "yes" if e.fits else "no"
+        if e.reasons:
+            why += ": " + "; ".join(e.reasons)
+        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>5}{e.accumulation:>6} {e.checkpointing:<8}"
+                     f"{e.strategy:<9}{e.grad_sync:<16}{peak:>9.3g}Gi{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
+    return "\n".join(lines)

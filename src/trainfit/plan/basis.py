@@ -1,0 +1,104 @@
+"""Where a :class:`~trainfit.plan.cost.Basis` comes from: the model's shape, or memory reports.
+
+``analytic_basis`` costs a transformer from its shape alone (no torch): any size, in
+microseconds -- what paper-scale plans use. ``basis_from_reports`` turns two memory reports
+of the same (precision, checkpointing) at two micro-batch sizes (from the memory
+estimator, or measured on a small model) into a basis by fitting each part linearly in
+the micro-batch. Everything else (micro-batch, accumulation, strategy, world size, gradient
+sync) is scaled analytically in ``plan.cost``; precision and checkpointing change *which*
+tensors are saved, so each of those pairs gets its own basis.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainfit.levers.checkpointing import EveryBlock, EveryKthBlock, NoCheckpointing, parse_checkpoint_policy
+from trainfit.plan.cost import Basis
+from trainfit.plan.shapes import TransformerShape
+
+# precision -> (stored weight bytes, grad bytes, fp32 master bytes, compute bytes) per parameter.
+PRECISION_BYTES: dict[str, tuple[int, int, int, int]] = {
+    "fp32": (4, 4, 0, 4),
+    "bf16-mixed": (4, 4, 0, 2),  # autocast casts per op: weights, grads, state stay fp32
+    "fp16-mixed": (4, 4, 0, 2),
+    "bf16-true": (2, 2, 4, 2),  # half weights + fp32 master (Micikevicius et al. 2018)
+    "fp16-true": (2, 2, 4, 2),
+}
+OPTIMIZER_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
+"""Optimizer state bytes per parameter: Adam's two fp32 moments; SGD's momentum."""
+
+
+def checkpointed_blocks(spec: str, n_layer: int) -> int:
+    policy = parse_checkpoint_policy(spec)
+    if isinstance(policy, NoCheckpointing):
+        return 0
+    if isinstance(policy, EveryBlock):
+        return n_layer
+    if isinstance(policy, EveryKthBlock):
+        return math.ceil(n_layer / policy.k)
+    return n_layer  # class:Name on a transformer: the blocks
+
+
+def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: str, seq_len: int,
+                   optimizer: str = "adamw") -> Basis:
+    """Memory and FLOPs of a transformer step from its shape (per sample of ``seq_len`` tokens)."""
+    w, g, master, cb = PRECISION_BYTES[precision]
+    rb = 4 if w == 4 else 2  # residual stream dtype: the weights' (autocast keeps it fp32)
+    n, s, d, V = shape.n_params, seq_len, shape.d_model, shape.vocab_size
+    resid, mm = shape.saved_elems_per_token()
+    block_tok = resid * rb + mm * cb
+    k = checkpointed_blocks(checkpointing, shape.n_layer)
+    kept = (shape.n_layer - k) * block_tok + k * d * rb  # a checkpointed block keeps only its input
+    top_tok = d * rb + d * cb + V * 4  # final norm in, head in, fp32 log-softmax out
+    act = s * (kept + top_tok + 2 * 8)  # + int64 ids and labels
+    # At the backward peak: logits and their fp32 gradient, plus one block recomputed.
+    temp = s * (V * (cb + 4) + (block_tok if k else 0))
+    fwd = shape.forward_flops_per_token(s) * s
+    recompute = k * shape.block_forward_flops_per_token(s) * s
+    largest = V * d * 4
+    return Basis(
+        precision=precision, checkpointing=checkpointing, n_params=n, n_blocks=shape.n_layer,
+        params_bytes=n * w, grads_bytes=n * (g if not master else 4), grads_at_peak_bytes=n * g,
+        optimizer_bytes=n * (OPTIMIZER_BYTES[optimizer] + master), compute_bytes_per_param=cb,
+        act_fixed_bytes=0.0, act_per_sample_bytes=float(act), temp_fixed_bytes=0.0,
+        temp_per_sample_bytes=float(temp), step_temp_bytes=2.0 * largest,
+        model_flops_per_sample=3 * fwd, hardware_flops_per_sample=3 * fwd + recompute,
+        grad_comm_bytes=n * 4.0, param_comm_bytes=n * float(cb),
+        source=f"analytic {shape.family} shape (plan.basis.analytic_basis)",
+    )
+
+
+def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_per_sample: float,
+                       n_blocks: int) -> Basis:
+    """A basis from two memory reports of the same run at micro-batches ``r1.batch < r2.batch``.
+
+    Each of activations and temporaries at the peak is fitted as fixed + per-sample x batch;
+    the gradients missing at a single micro-batch's backward peak are kept apart so that
+    accumulation (where all gradients are live) adds them back.
+    """
+    if not r2.batch > r1.batch:
+        raise ValueError(f"reports need two different batches, got {r1.batch} and {r2.batch}")
+
+    def split(r):
+        parts = r.peak_parts
+        state = r.params_bytes + parts.get("grads", 0) + r.optimizer_bytes
+        act = parts.get("activations", 0)
+        return act, r.peak_bytes - state - act, parts.get("grads", 0)
+
+    (a1, t1, g1), (a2, t2, g2) = split(r1), split(r2)
+    db = r2.batch - r1.batch
+    act_ps, temp_ps = (a2 - a1) / db, (t2 - t1) / db
+    opt_phase = r2.phases.get("optimizer", {}).get("peak", 0)
+    _, _, _, cb = PRECISION_BYTES[r2.precision]
+    return Basis(
+        precision=r2.precision, checkpointing=r2.checkpointing, n_params=r2.n_params, n_blocks=n_blocks,
+        params_bytes=r2.params_bytes, grads_bytes=r2.grads_bytes, grads_at_peak_bytes=max(g2, 1.0),
+        optimizer_bytes=r2.optimizer_bytes, compute_bytes_per_param=cb,
+        act_fixed_bytes=a2 - act_ps * r2.batch, act_per_sample_bytes=act_ps,
+        temp_fixed_bytes=t2 - temp_ps * r2.batch, temp_per_sample_bytes=temp_ps,
+        step_temp_bytes=max(0.0, opt_phase - (r2.params_bytes + r2.grads_bytes + r2.optimizer_bytes)),
+        model_flops_per_sample=model_flops_per_sample, hardware_flops_per_sample=hardware_flops_per_sample,
+        grad_comm_bytes=r2.n_params * 4.0, param_comm_bytes=r2.n_params * float(cb),
+        source=f"{r2.method} memory reports at micro-batch {r1.batch} and {r2.batch}",
+    )

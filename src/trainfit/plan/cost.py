@@ -1,0 +1,169 @@
+"""Predicted per-device memory and step time of one candidate (pure: no torch).
+
+Memory comes from a :class:`Basis` -- the model's parts for one (precision, checkpointing)
+pair on one device, from the memory estimator or from the shape -- scaled analytically:
+
+    model state   params, grads, optimizer: divided by the data-parallel degree n where the
+                  strategy shards them (table :data:`SHARDING`), plus what the strategy keeps
+                  unsharded (DDP's gradient buckets, FSDP's gathered compute copies)
+    activations   fixed + per_sample x micro_batch        (linear in the micro-batch)
+    temporaries   fixed + per_sample x micro_batch        (live at the peak besides the above)
+    peak          max(backward peak, optimizer-step peak)
+
+Step time = hardware FLOPs (recompute included) / achievable FLOP/s + per-micro-batch
+overhead + communication not hidden behind backward (ring model of ``plan.comm``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.plan import comm
+
+# Which model-state parts each strategy divides by n, and where the rule comes from.
+SHARDING: dict[str, tuple[tuple[str, ...], str]] = {
+    "single": ((), "one device holds everything"),
+    "ddp": ((), "DDP replicates params, grads, optimizer state; its flat buckets hold a second copy of the grads "
+                "(PyTorch DDP, gradient_as_bucket_view=False)"),
+    "zero1": (("optimizer",), "ZeRO stage 1 (Rajbhandari et al., SC20): optimizer state / n"),
+    "zero2": (("optimizer", "grads"), "ZeRO stage 2: + gradients / n (FSDP2, reshard_after_forward=False keeps "
+                                      "the gathered compute copy of the params between forward and backward)"),
+    "zero3": (("optimizer", "grads", "params"), "ZeRO stage 3: + params / n (FSDP2 gathers one block, prefetches "
+                                                "the next)"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Basis:
+    """The model's memory and FLOPs for one (precision, checkpointing) pair on one device."""
+
+    precision: str
+    checkpointing: str
+    n_params: int
+    n_blocks: int
+    params_bytes: float
+    """Parameters as stored on one unsharded device."""
+    grads_bytes: float
+    """All gradients (what the optimizer step holds)."""
+    grads_at_peak_bytes: float
+    """Gradients live at the backward peak of a one-micro-batch step (with accumulation all of them are)."""
+    optimizer_bytes: float
+    """Optimizer state including fp32 master weights."""
+    compute_bytes_per_param: float
+    """Bytes of a parameter as computed with (FSDP's gathered copy): 2 for half compute, 4 for fp32."""
+    act_fixed_bytes: float
+    act_per_sample_bytes: float
+    temp_fixed_bytes: float
+    """Transient bytes at the backward peak besides activations (batch, logits, their gradients)."""
+    temp_per_sample_bytes: float
+    step_temp_bytes: float
+    """Transient bytes during the optimizer step (e.g. fp32 master gradients, foreach buffers)."""
+    model_flops_per_sample: float
+    """Forward + backward FLOPs of one sample, recompute excluded."""
+    hardware_flops_per_sample: float
+    """As executed: recompute included."""
+    grad_comm_bytes: float
+    """Gradient bytes as reduced (fp32 reduce dtype)."""
+    param_comm_bytes: float
+    """Parameter bytes as gathered (compute dtype)."""
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    precision: str
+    micro_batch: int
+    accumulation: int
+    checkpointing: str
+    strategy: str
+    grad_sync: str
+    n: int
+    """Data-parallel degree (devices)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    temporaries_bytes: float
+    peak_bytes: float
+
+    def parts(self) -> dict[str, float]:
+        return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
+                "activations": self.activations_bytes, "temporaries": self.temporaries_bytes}
+
+
+def memory(b: Basis, c: Candidate) -> Memory:
+    """Per-device bytes of candidate ``c`` from basis ``b``."""
+    sharded, _ = SHARDING[c.strategy]
+    n = c.n
+    params, opt = b.params_bytes, b.optimizer_bytes
+    grads = b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes
+    block_compute = b.n_params / max(b.n_blocks, 1) * b.compute_bytes_per_param
+    if "optimizer" in sharded:
+        opt /= n
+    if c.strategy == "ddp":
+        grads *= 2  # the buckets
+    if "grads" in sharded:
+        # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
+        keep_whole = c.accumulation > 1 and c.grad_sync == "deferred"
+        grads = grads if keep_whole else grads / n + block_compute / b.compute_bytes_per_param * 4
+    if c.strategy == "zero2":
+        params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
+    if c.strategy == "zero3":
+        params = params / n + 2 * block_compute  # the gathered block and the prefetched next one
+    act = b.act_fixed_bytes + b.act_per_sample_bytes * c.micro_batch
+    temp = b.temp_fixed_bytes + b.temp_per_sample_bytes * c.micro_batch
+    state = params + grads + opt
+    full_grads = grads * b.grads_bytes / max(b.grads_at_peak_bytes, 1.0)  # what the step itself holds
+    peak = max(state + act + temp, state - grads + full_grads + b.step_temp_bytes)
+    return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
+                  temporaries_bytes=temp, peak_bytes=peak)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    """What the devices compute and send at (per device)."""
+
+    flops_per_s: float
+    """Achievable FLOP/s for the candidate's compute dtype."""
+    bandwidth_bytes_per_s: float
+    """Per-device ring bandwidth (the slowest hop: inter-node when the ring spans nodes)."""
+    latency_s: float = 0.0
+    """Per ring step."""
+    overlap: float = 0.0
+    """Fraction of backward time that can hide communication."""
+    overhead_per_micro_batch_s: float = 0.0
+    """Fixed cost per forward+backward (launches, Python), measured or 0."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Time:
+    compute_s: float
+    recompute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    step_s: float
+    scaling_efficiency: float
+    """compute / step: the share of the step the devices spend computing (1 = perfect scaling)."""
+
+
+BACKWARD_SHARE = 2 / 3
+"""Backward is ~2/3 of forward+backward FLOPs (two matmuls per forward matmul)."""
+
+
+def step_time(b: Basis, c: Candidate, links: Links) -> Time:
+    samples = c.micro_batch * c.accumulation
+    compute = b.hardware_flops_per_sample * samples / links.flops_per_s + c.accumulation * links.overhead_per_micro_batch_s
+    recompute = (b.hardware_flops_per_sample - b.model_flops_per_sample) * samples / links.flops_per_s
+    comm_s = 0.0
+    if c.n > 1 and c.strategy in comm.TRAFFIC:
+        comm_s = comm.comm_seconds(c.strategy, n=c.n, grad_bytes=b.grad_comm_bytes, param_bytes=b.param_comm_bytes,
+                                   bandwidth_bytes_per_s=links.bandwidth_bytes_per_s, latency_s=links.latency_s,
+                                   accumulation=c.accumulation, per_micro_batch=c.grad_sync == "per-micro-batch")
+    exposed = max(0.0, comm_s - links.overlap * BACKWARD_SHARE * compute)
+    step = compute + exposed
+    return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
+                scaling_efficiency=compute / step if step > 0 else 1.0)

@@ -1,0 +1,193 @@
+"""Enumerate, check, cost and rank the lever settings for a job. Pure (no torch).
+
+precision x micro-batch x checkpointing x strategy x grad_sync, with the accumulation
+*derived*: micro_batch x accumulation x devices == global batch, always. A global batch
+the devices cannot split evenly is refused with the nearest valid choices -- never
+changed silently. Candidates that break a rule (``plan.rules``) or do not fit the device
+memory with headroom are kept with their reasons; the rest are ranked by step time (the
+global batch is fixed, so the shortest step is the highest throughput), then by memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trainfit.errors import ConfigError, TrainfitError
+from trainfit.plan.cost import Basis, Candidate, Links, memory, step_time
+from trainfit.plan.rules import Context, broken_rules
+
+PRECISION_CHOICES = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp16-true")
+STRATEGY_CHOICES = ("single", "ddp", "zero1", "zero2", "zero3")
+CHECKPOINT_CHOICES = ("none", "every:2", "full")
+GRAD_SYNC_CHOICES = ("deferred", "per-micro-batch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    global_batch: int
+    """Samples per optimizer step over all devices (fixed)."""
+    devices: int
+    """Data-parallel degree."""
+    memory_bytes: int
+    """Per-device memory."""
+    headroom: float = 0.10
+    """Share of device memory kept free (allocator fragmentation, CUDA context, spikes)."""
+    precisions: tuple[str, ...] = PRECISION_CHOICES
+    checkpointings: tuple[str, ...] = CHECKPOINT_CHOICES
+    strategies: tuple[str, ...] = STRATEGY_CHOICES
+    micro_batches: tuple[int, ...] = ()
+    """Micro-batch sizes to try (empty: every divisor of the per-device share)."""
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "devices", "memory_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name.replace("_", "-"), v, "an integer >= 1")
+        if not 0.0 <= self.headroom < 1.0:
+            raise ConfigError("headroom", self.headroom, "a number in [0, 1)")
+        if self.global_batch % self.devices:
+            raise ConfigError("global-batch", self.global_batch, f"a multiple of devices={self.devices}",
+                              explain_batch(self.global_batch, self.devices))
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.memory_bytes * (1.0 - self.headroom)
+
+
+def explain_batch(global_batch: int, devices: int) -> str:
+    """Nearest valid choices when ``global_batch`` does not split evenly over ``devices``."""
+    lo = global_batch // devices * devices
+    hi = lo + devices
+    near = [b for b in (lo, hi) if b > 0]
+    divisors = [d for d in range(1, min(global_batch, 4 * devices) + 1) if global_batch % d == 0]
+    close = sorted(divisors, key=lambda d: abs(d - devices))[:3]
+    return (f"each of the {devices} devices must take the same number of samples per step; nearest valid global "
+            f"batches: {' or '.join(map(str, near))}; or keep {global_batch} on "
+            f"{' or '.join(map(str, sorted(close)))} devices")
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanEntry:
+    precision: str
+    micro_batch: int
+    accumulation: int
+    checkpointing: str
+    strategy: str
+    grad_sync: str
+    peak_bytes_per_device: int
+    step_s: float
+    scaling_efficiency: float
+    fits: bool
+    reasons: list[str]
+    """Why it was dropped, or why it ranks where it does."""
+    parts: dict[str, int] = field(default_factory=dict)
+    compute_s: float = 0.0
+    exposed_comm_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    entries: list[PlanEntry]
+    """Fitting entries ranked fastest first, then the ones that do not fit, smallest first."""
+    excluded: dict[str, int]
+    """Rule reason -> how many candidates it excluded."""
+    notes: list[str]
+    candidates: int
+
+    @property
+    def best(self) -> PlanEntry | None:
+        return self.entries[0] if self.entries and self.entries[0].fits else None
+
+
+def candidates(space: SearchSpace) -> list[Candidate]:
+    share = space.global_batch // space.devices
+    mbs = [m for m in (space.micro_batches or divisors(share)) if share % m == 0]
+    out = []
+    for p in space.precisions:
+        for ck in space.checkpointings:
+            for s in space.strategies:
+                for m in mbs:
+                    for sync in GRAD_SYNC_CHOICES:
+                        out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m, checkpointing=ck,
+                                             strategy=s, grad_sync=sync, n=space.devices))
+    return out
+
+
+def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basis],
+           links: Callable[[str], Links]) -> PlanResult:
+    """Rank every compatible candidate; ``basis(precision, checkpointing)`` is called once per pair."""
+    excluded: dict[str, int] = {}
+    entries: list[PlanEntry] = []
+    cache: dict[tuple[str, str], Basis] = {}
+    all_c = candidates(space)
+    for c in all_c:
+        broken = broken_rules(c, ctx)
+        if broken:
+            for r in broken:
+                key = f"{r.lever}: requires {r.requirement} ({r.reason})"
+                excluded[key] = excluded.get(key, 0) + 1
+            continue
+        b = cache.setdefault((c.precision, c.checkpointing), None) or basis(c.precision, c.checkpointing)
+        cache[(c.precision, c.checkpointing)] = b
+        mem, t = memory(b, c), step_time(b, c, links(c.precision))
+        fits = mem.peak_bytes <= space.budget_bytes
+        reasons = []
+        if not fits:
+            big = max(mem.parts().items(), key=lambda kv: kv[1])
+            reasons.append(f"peak {_gib(mem.peak_bytes)} > budget {_gib(space.budget_bytes)} "
+                           f"({_gib(space.memory_bytes)} less {space.headroom:.0%} headroom); largest part: "
+                           f"{big[0]} {_gib(big[1])}")
+        if t.exposed_comm_s > t.compute_s:
+            reasons.append(f"communication-bound: {t.exposed_comm_s:.3g} s of exposed communication vs "
+                           f"{t.compute_s:.3g} s of compute per step: the interconnect, not the devices, sets "
+                           "the throughput")
+        entries.append(PlanEntry(
+            precision=c.precision, micro_batch=c.micro_batch, accumulation=c.accumulation,
+            checkpointing=c.checkpointing, strategy=c.strategy, grad_sync=c.grad_sync,
+            peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
+            fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
+            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s))
+    if not entries:
+        raise TrainfitError("plan: no candidate is compatible with the device and device count: "
+                            + "; ".join(excluded))
+    # Equal predicted times (to 0.1%): prefer the larger micro-batch (fewer launches, better device
+    # utilisation, which the FLOP model does not see), then less memory.
+    entries.sort(key=lambda e: (not e.fits, round(math.log(e.step_s), 3) if e.fits else e.peak_bytes_per_device,
+                                -e.micro_batch, e.peak_bytes_per_device))
+    notes = _notes(entries, space)
+    return PlanResult(entries=entries, excluded=excluded, notes=notes, candidates=len(all_c))
+
+
+def _notes(entries: list[PlanEntry], space: SearchSpace) -> list[str]:
+    best = entries[0]
+    if best.fits:
+        notes = [f"best: {best.precision}, micro-batch {best.micro_batch} x accumulation {best.accumulation} x "
+                 f"{space.devices} devices = global batch {space.global_batch}, checkpointing {best.checkpointing}, "
+                 f"{best.strategy}: {best.step_s:.4g} s/step, peak {_gib(best.peak_bytes_per_device)} per device"]
+        if best.exposed_comm_s > 0.25 * best.compute_s:
+            notes.append(f"the interconnect decides throughput here: {best.exposed_comm_s:.3g} s of the "
+                         f"{best.step_s:.3g} s step is communication not hidden behind compute "
+                         f"(scaling efficiency {best.scaling_efficiency:.0%})")
+        return notes
+    smallest = min(entries, key=lambda e: e.peak_bytes_per_device)
+    alone = [f"{k} alone needs {_gib(v)}" for k, v in smallest.parts.items() if v > space.budget_bytes]
+    what = "; ".join(alone) if alone else (
+        "no single part exceeds it, their sum does: " + ", ".join(f"{k} {_gib(v)}" for k, v in smallest.parts.items()))
+    return [f"nothing fits {_gib(space.budget_bytes)} per device ({_gib(space.memory_bytes)} less "
+            f"{space.headroom:.0%} headroom): the smallest configuration ({smallest.precision}, micro-batch "
+            f"{smallest.micro_batch}, checkpointing {smallest.checkpointing}, {smallest.strategy}) peaks at "
+            f"{_gib(smallest.peak_bytes_per_device)}; {what}"]
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"

@@ -1,0 +1,139 @@
+"""Transformer shapes the planner can cost analytically (pure: no torch).
+
+For models far too large to trace on this machine (a 70B Llama on 1,024 H100s) the planner
+needs parameter counts, activation bytes and FLOPs from the *shape* alone. Two families:
+the built-in GPT (``trainfit.tasks.gpt``) and Llama (``hf:LlamaForCausalLM`` with
+``key=value`` config overrides). ``llama-7b`` and ``llama-70b`` are shorthands that
+``--write`` expands into the ``hf:LlamaForCausalLM`` spec ``trainfit train`` builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfit.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerShape:
+    family: str
+    """"gpt" (LayerNorm, GELU MLP, learned positions, biases) or "llama" (RMSNorm, SwiGLU, RoPE, no biases)."""
+    vocab_size: int
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    d_ff: int
+    """MLP hidden width."""
+    max_seq_len: int = 0
+    """Learned position embeddings (GPT only; 0 for RoPE)."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"model_config.{name}", v, "an integer >= 1")
+
+    @property
+    def kv_dim(self) -> int:
+        return self.d_model // self.n_head * self.n_kv_head
+
+    @property
+    def block_params(self) -> int:
+        d, f, kv = self.d_model, self.d_ff, self.kv_dim
+        if self.family == "gpt":  # qkv + proj + fc + proj, with biases, 2 LayerNorms
+            return (d * 3 * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
+        return d * (d + 2 * kv) + d * d + 3 * d * f + 2 * d  # q,k,v,o + gate,up,down + 2 RMSNorms
+
+    @property
+    def n_params(self) -> int:
+        d = self.d_model
+        emb = self.vocab_size * d + self.max_seq_len * d
+        final_norm = 2 * d if self.family == "gpt" else d
+        return emb + self.n_layer * self.block_params + final_norm + self.vocab_size * d  # untied head
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters used in matmuls per token (everything but embeddings and norms)."""
+        return self.n_layer * self.block_params + self.vocab_size * self.d_model
+
+    def saved_elems_per_token(self) -> tuple[int, int]:
+        """(residual-stream elements, matmul-input elements) one block saves for backward per token.
+
+        Residual-stream tensors (norm inputs) stay fp32 under autocast; matmul inputs and
+        attention tensors are cast to the compute dtype. Counted from the block's ops:
+        GPT: LN in (d) | qkv in (d), q,k,v (3d), attention out (d), proj in (d) | LN in (d) |
+        fc in (d), GELU in (f), proj in (f). Llama: same attention with k,v of kv_dim, and
+        gate/up in (d), gate out (f), up out (f), SiLU out (f), product (f).
+        """
+        d, f, kv = self.d_model, self.d_ff, self.kv_dim
+        if self.family == "gpt":
+            return 2 * d, d + 3 * d + d + d + d + 2 * f
+        return 2 * d, d + (d + 2 * kv) + d + d + d + 4 * f
+
+    def forward_flops_per_token(self, seq_len: int) -> float:
+        """Matmul FLOPs of one forward per token: 2 x matmul params + attention (QK^T and AV, full s)."""
+        return 2.0 * self.matmul_params + 4.0 * self.n_layer * seq_len * self.d_model
+
+    def block_forward_flops_per_token(self, seq_len: int) -> float:
+        return 2.0 * self.block_params + 4.0 * seq_len * self.d_model
+
+    def to_model_config(self) -> str:
+        if self.family == "gpt":
+            return (f"vocab_size={self.vocab_size},n_layer={self.n_layer},d_model={self.d_model},"
+                    f"n_head={self.n_head},mlp_ratio={self.d_ff // self.d_model}")
+        return (f"vocab_size={self.vocab_size},num_hidden_layers={self.n_layer},hidden_size={self.d_model},"
+                f"num_attention_heads={self.n_head},num_key_value_heads={self.n_kv_head},"
+                f"intermediate_size={self.d_ff}")
+
+
+# Llama 2 7B (Touvron et al. 2023, table 1 / HF config) and Llama 3 70B (Meta's HF config: GQA, 8 KV heads).
+PLAN_PRESETS: dict[str, tuple[str, TransformerShape]] = {
+    "llama-7b": ("hf:LlamaForCausalLM", TransformerShape(family="llama", vocab_size=32000, n_layer=32, d_model=4096,
+                                                         n_head=32, n_kv_head=32, d_ff=11008)),
+    "llama-70b": ("hf:LlamaForCausalLM", TransformerShape(family="llama", vocab_size=128256, n_layer=80,
+                                                          d_model=8192, n_head=64, n_kv_head=8, d_ff=28672)),
+}
+
+_HF_KEYS = {"vocab_size": "vocab_size", "num_hidden_layers": "n_layer", "hidden_size": "d_model",
+            "num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head", "intermediate_size": "d_ff"}
+_HF_DEFAULTS = {"vocab_size": 32000, "n_layer": 32, "d_model": 4096, "n_head": 32, "d_ff": 11008}  # HF LlamaConfig
+
+
+def _kv(text: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise ConfigError("model_config", part, "key=integer pairs for planning from the shape") from None
+    return out
+
+
+def shape_of(model: str, model_config: str = "", *, seq_len: int = 0) -> TransformerShape | None:
+    """The analytic shape of ``model`` or None when the planner cannot cost it from its shape."""
+    if model in PLAN_PRESETS:
+        return PLAN_PRESETS[model][1]
+    from trainfit.tasks.gpt import GPT_PRESETS  # a table of dataclasses, no model is built
+
+    if model in GPT_PRESETS:
+        base = GPT_PRESETS[model].__dict__ | _kv(model_config)
+        return TransformerShape(family="gpt", vocab_size=base["vocab_size"], n_layer=base["n_layer"],
+                                d_model=base["d_model"], n_head=base["n_head"], n_kv_head=base["n_head"],
+                                d_ff=base["mlp_ratio"] * base["d_model"],
+                                max_seq_len=max(base["max_seq_len"], seq_len))
+    if model == "hf:LlamaForCausalLM":
+        given = {_HF_KEYS[k]: v for k, v in _kv(model_config).items() if k in _HF_KEYS}
+        vals = _HF_DEFAULTS | given
+        vals.setdefault("n_kv_head", vals["n_head"])
+        return TransformerShape(family="llama", **vals)
+    return None
+
+
+def run_spec(model: str, model_config: str) -> tuple[str, str]:
+    """(model, model_config) that ``trainfit train`` builds for a planning name."""
+    if model in PLAN_PRESETS:
+        spec, shape = PLAN_PRESETS[model]
+        return spec, shape.to_model_config()
+    return model, model_config

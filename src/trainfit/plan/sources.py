@@ -1,0 +1,101 @@
+"""Torch shell of the planner: bases from the memory estimator, links from the device table.
+
+Kept apart from the pure core (cost, rules, search) so that plans for shapes never build
+a model. A basis per (precision, checkpointing) pair is computed at most once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainfit.errors import ConfigError
+from trainfit.plan.basis import analytic_basis, basis_from_reports
+from trainfit.plan.cost import Basis, Links
+from trainfit.plan.devices import DeviceRow
+from trainfit.plan.shapes import shape_of
+
+BASIS_SOURCES = ("auto", "analytic", "estimate", "measure")
+
+
+def _report_fn(source: str):
+    if source == "estimate":
+        try:
+            from trainfit.measure.estimate import estimate_memory
+        except ImportError:  # the estimator lands separately; measuring is exact where the model fits
+            source = "measure"
+        else:
+            return lambda cfg, batch: estimate_memory(__import__("dataclasses").replace(cfg, micro_batch=batch))
+    from trainfit.measure.memory import measure_memory
+
+    return lambda cfg, batch: measure_memory(cfg, batch=batch)
+
+
+def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -> Basis:
+    """Basis from two memory reports (micro-batch 1 and 2) plus FLOPs counted on the meta device."""
+    from trainfit.config import make_config
+    from trainfit.measure.flops import FlopCounter
+    from trainfit.measure.memory import example_batch
+    from trainfit.tasks import make_task
+
+    cfg = make_config({"precision": precision, "checkpointing": checkpointing, "micro_batch": 1,
+                       "accumulation": 1, "strategy": "single"}, base=base_cfg)
+    rep = _report_fn(source)
+    r1, r2 = rep(cfg, 1), rep(cfg, 2)
+    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
+                     dataset_size=cfg.dataset_size)
+    counter = FlopCounter(build_model=task.build_model, block_names=task.block_names, loss_fn=task.loss,
+                          policy=cfg.checkpointing)
+    model_flops, hw_flops = counter.micro_batch(example_batch(task, 1))
+    import torch
+
+    with torch.device("meta"):
+        n_blocks = len(task.block_names(task.build_model()))
+    return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
+                              n_blocks=max(n_blocks, 1))
+
+
+def basis_provider(base_cfg, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
+    """``basis(precision, checkpointing)`` for the run in ``base_cfg`` and the source used."""
+    if source not in BASIS_SOURCES:
+        raise ConfigError("basis", source, BASIS_SOURCES)
+    shape = shape_of(base_cfg.model, base_cfg.model_config, seq_len=base_cfg.seq_len)
+    if source == "analytic" or (source == "auto" and shape is not None):
+        if shape is None:
+            raise ConfigError("basis", "analytic", "estimate or measure for this model",
+                              f"{base_cfg.model} has no analytic shape (built-in GPTs, llama-*, hf:LlamaForCausalLM)")
+        return (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=base_cfg.seq_len,
+                                             optimizer=base_cfg.optimizer)), "analytic"
+    chosen = "estimate" if source == "auto" else source
+    return (lambda p, ck: report_basis(base_cfg, p, ck, source=chosen)), chosen
+
+
+DTYPE_OF = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16", "fp16-true": "fp16"}
+
+
+def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | None, inter: float | None,
+                   latency_s: float = 0.0, overhead_s: float = 0.0) -> Callable[[str], Links]:
+    """``links(precision)``: achievable FLOP/s for its dtype and the ring's slowest hop."""
+    intra = intra or row.intra_bytes_per_s
+    inter = inter or row.inter_bytes_per_s
+    bw = inter if nodes > 1 else intra
+    if devices > 1 and not bw:
+        flag = "--bandwidth-inter" if nodes > 1 else "--bandwidth-intra"
+        raise ConfigError(flag.lstrip("-"), None, "a bandwidth such as 10GB/s",
+                          f"device {row.name} has no link bandwidth in the table; pass {flag}")
+    cache: dict[str, float] = {}
+
+    def rate(dtype: str) -> float:
+        if dtype not in cache:
+            if row.peak_row is None:
+                from trainfit.measure.hardware import calibrate_cpu
+
+                cache[dtype] = calibrate_cpu(dtype).flops_per_s * row.achievable_frac
+            else:
+                from trainfit.measure.hardware import find_device
+
+                peak = find_device(row.peak_row).peak_tflops[dtype] * 1e12
+                cache[dtype] = peak * row.achievable_frac
+        return cache[dtype]
+
+    return lambda p: Links(flops_per_s=rate(DTYPE_OF[p]), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
+                           overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
