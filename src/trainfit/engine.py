@@ -16,6 +16,7 @@ from torch import nn
 
 from trainfit.levers.accumulation import AccumulationWindow
 from trainfit.levers.precision import Precision
+from trainfit.measure.timers import NULL_TIMER, Timer
 from trainfit.strategies.base import Single, Strategy
 
 LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, object]]
@@ -45,8 +46,12 @@ def optimizer_step(
     count_fn: Callable[[object], int],
     strategy: Strategy | None = None,
     grad_clip: float = 0.0,
+    timer: Timer = NULL_TIMER,
 ) -> StepResult:
-    """Run one optimizer step over ``micro_batches`` (this rank's share of the global batch)."""
+    """Run one optimizer step over ``micro_batches`` (this rank's share of the global batch).
+
+    ``timer`` brackets the phases for ``trainfit profile``; the default measures nothing.
+    """
     strategy = strategy or Single()
     window = AccumulationWindow(
         micro_batches, count_fn, all_reduce_sum=strategy.all_reduce_sum, world_size=strategy.world_size
@@ -55,18 +60,20 @@ def optimizer_step(
     loss_total = torch.zeros((), dtype=torch.float32, device=strategy.device)
     for mb, is_last in window:
         with strategy.sync_context(model, is_last):  # DDP/FSDP: no gradient sync until the last
-            with precision.autocast(strategy.device.type):  # forward + loss only, never backward
+            with precision.autocast(strategy.device.type), timer.phase("forward"):  # forward + loss only
                 loss_sum, _ = loss_fn(model, mb)
-            precision.backward(loss_sum * window.weight)  # scaled by the loss scale where needed
+            with timer.phase("backward_sync" if is_last else "backward"):  # the last one also syncs grads
+                precision.backward(loss_sum * window.weight)  # scaled by the loss scale where needed
         loss_total += loss_sum.detach().float()
 
     strategy.all_reduce_sum(loss_total)
     loss = float(loss_total) / max(window.global_count, 1)  # host-device sync
-    finite = precision.unscale_and_check(model, strategy.all_reduce_max) and math.isfinite(loss)
-    grad_norm = None
-    if finite and grad_clip > 0:
-        grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
-        finite = math.isfinite(grad_norm)
-    stepped = precision.step(optimizer, model, finite)
-    precision.zero_grad(optimizer, model)
+    with timer.phase("optimizer"):
+        finite = precision.unscale_and_check(model, strategy.all_reduce_max) and math.isfinite(loss)
+        grad_norm = None
+        if finite and grad_clip > 0:
+            grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
+            finite = math.isfinite(grad_norm)
+        stepped = precision.step(optimizer, model, finite)
+        precision.zero_grad(optimizer, model)
     return StepResult(loss=loss, count=window.global_count, stepped=stepped, grad_norm=grad_norm, loss_scale=scale)

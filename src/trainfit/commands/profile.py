@@ -1,0 +1,89 @@
+"""``trainfit profile``: where each step's time goes, MFU, and ordered advice."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from trainfit.cli import add_run_flags, config_from_args
+from trainfit.errors import ConfigError
+
+DEFAULT_STEPS = 20
+JSON_KEYS = ("data_wait_frac", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "step_s", "busy_frac",
+             "tokens_per_s", "mfu", "bottleneck", "advice")
+"""Keys ``--json`` always prints (more may follow)."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="step-time breakdown, throughput, MFU and ordered advice")
+    add_run_flags(p)  # --steps here is the number of profiled steps (default 20)
+    p.add_argument("--warmup", type=int, default=3, help="steps run first and discarded (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--plot", metavar="FILE.png", help="stacked step-time bar + predicted scaling curve")
+    p.add_argument("--trace", metavar="DIR", help="write a torch.profiler Chrome trace of a few extra steps")
+    p.add_argument("--bandwidth", help="interconnect bandwidth for scale-out predictions, e.g. 25GB/s "
+                                       "(default: measured)")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="fraction of backward that hides communication in predictions (default 0)")
+    p.add_argument("--no-batch-probe", action="store_true", help="skip profiling a 2x micro-batch")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="device for strategy=single (default: cpu)")
+    p.set_defaults(func=run)
+
+
+def parse_bandwidth(text: str) -> float:
+    from trainfit.config import parse_bytes
+
+    t = str(text).strip()
+    if not t.lower().endswith("/s"):
+        raise ConfigError("--bandwidth", text, "bytes per second such as 25GB/s or 400MiB/s")
+    return float(parse_bytes("--bandwidth", t[:-2]))
+
+
+def run(args) -> int:
+    from trainfit.measure.profile import ProfileOptions, profile
+    from trainfit.train import build_run
+
+    cfg = config_from_args(args)  # validates --steps (>= 1) with the other flags
+    # A config file's steps is a training length; only --steps sets the profiled steps.
+    options = ProfileOptions(steps=cfg.steps if args.steps is not None else DEFAULT_STEPS, warmup=args.warmup,
+                             batch_probe=not args.no_batch_probe, overlap=args.overlap, trace_dir=args.trace,
+                             bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth) if args.bandwidth else None)
+    strategy = None
+    if args.device == "cuda":
+        import torch
+
+        from trainfit.strategies.base import Single
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device", "cuda", "cpu (no CUDA device is visible)")
+        if cfg.strategy != "single":
+            raise ConfigError("--device", "cuda", "only with strategy=single (distributed runs pick their device)")
+        strategy = Single("cuda")
+    report = profile(build_run(cfg, strategy=strategy), options)
+    if report["rank"] != 0:  # every rank profiles (collectives); rank 0 reports
+        return 0
+    if args.plot:
+        from trainfit.measure.profile_plot import plot_profile
+
+        report["plot"] = plot_profile(report, args.plot)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_report(report), file=sys.stderr)
+    return 0
+
+
+def format_report(r: dict) -> str:
+    rows = [f"{'part':<16}{'median ms':>11}{'p25-p75 ms':>16}{'share':>8}"]
+    for key in ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s",
+                "step_s"):
+        s = r["parts"][key]
+        rows.append(f"{key[:-2]:<16}{s['median'] * 1e3:>11.2f}{s['p25'] * 1e3:>8.2f}-{s['p75'] * 1e3:<7.2f}"
+                    f"{r['fractions'][key]:>8.0%}")
+    rate = r["tokens_per_s"] if r["tokens_per_s"] is not None else r["samples_per_s"]
+    mfu = "null" if r["mfu"] is None else f"{r['mfu']:.2%} (HFU {r['hfu']:.2%})"
+    rows.append(f"{rate:,.0f} {r['unit']}/s per device; busy {r['busy_frac']:.0%}; MFU {mfu} vs "
+                f"{r['peak_source']}")
+    rows.append(f"bottleneck: {r['bottleneck']}")
+    rows += [f"  {i}. [{a['kind']}] {a['text']}" for i, a in enumerate(r["advice"], 1)]
+    return "\n".join(rows)

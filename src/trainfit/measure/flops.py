@@ -1,0 +1,104 @@
+"""FLOPs of a training step, counted on the real model with ``FlopCounterMode``.
+
+Model FLOPs (for MFU) are forward + backward without recompute; hardware FLOPs (for HFU)
+add the forward that activation checkpointing re-runs in backward. Both are counted, not
+derived from a transformer formula, by running one forward + backward of the model under
+``torch.utils.flop_counter.FlopCounterMode`` -- once built plainly and once with the run's
+checkpointing policy. The copies are built on the ``meta`` device (shapes only: no memory,
+no arithmetic); a model that cannot run on meta is counted on CPU instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainfit.levers.checkpointing import CheckpointPolicy, NoCheckpointing, apply_checkpointing
+from trainfit.tasks.base import to_device
+
+
+def count_flops(model: nn.Module, loss_fn: Callable, batch) -> int:
+    """FLOPs of one forward + loss + backward of ``model`` on ``batch`` (as the model runs it)."""
+    with FlopCounterMode(display=False) as counter:
+        loss_sum, _ = loss_fn(model, batch)
+        loss_sum.backward()
+    return int(counter.get_total_flops())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepFlops:
+    model_flops: int
+    """Forward + backward FLOPs per step, recompute excluded (the numerator of MFU)."""
+    hardware_flops: int
+    """FLOPs actually executed per step, recompute included (the numerator of HFU)."""
+    counted_on: str
+    """"meta" or "cpu": where the counting copy of the model ran."""
+
+
+def _shape_key(batch) -> tuple:
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape), batch.dtype)
+    if isinstance(batch, dict):
+        return tuple((k, _shape_key(v)) for k, v in sorted(batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return tuple(_shape_key(v) for v in batch)
+    return (repr(batch),)
+
+
+class FlopCounter:
+    """Counts per-micro-batch FLOPs of a task's model, cached by the batch's shapes.
+
+    Args:
+        build_model: the task's model factory (called on the meta device, or CPU as a fallback).
+        block_names: the task's ``block_names(model)``.
+        loss_fn: the task's ``loss(model, batch)``.
+        policy: the run's activation checkpointing policy.
+    """
+
+    def __init__(self, *, build_model: Callable[[], nn.Module], block_names: Callable[[nn.Module], list[str]],
+                 loss_fn: Callable, policy: CheckpointPolicy) -> None:
+        self.build_model, self.block_names, self.loss_fn, self.policy = build_model, block_names, loss_fn, policy
+        self.device = torch.device("meta")
+        self._models: dict[bool, nn.Module] = {}
+        self._cache: dict[tuple, tuple[int, int]] = {}
+
+    def _model(self, checkpointed: bool) -> nn.Module:
+        if checkpointed not in self._models:
+            with self.device:
+                m = self.build_model()
+            m.train()
+            if checkpointed:
+                apply_checkpointing(m, self.policy, self.block_names(m))
+            self._models[checkpointed] = m
+        return self._models[checkpointed]
+
+    def _count(self, batch) -> tuple[int, int]:
+        b = to_device(batch, self.device)
+        model_flops = count_flops(self._model(False), self.loss_fn, b)
+        if isinstance(self.policy, NoCheckpointing):
+            return model_flops, model_flops
+        return model_flops, count_flops(self._model(True), self.loss_fn, b)
+
+    def micro_batch(self, batch) -> tuple[int, int]:
+        """(model FLOPs, hardware FLOPs) of one micro-batch."""
+        key = _shape_key(batch)
+        if key not in self._cache:
+            try:
+                self._cache[key] = self._count(batch)
+            except (NotImplementedError, RuntimeError):
+                if self.device.type != "meta":
+                    raise
+                # Data-dependent ops (e.g. .item()) cannot run on meta: count on a real CPU copy.
+                self.device, self._models = torch.device("cpu"), {}
+                self._cache[key] = self._count(batch)
+        return self._cache[key]
+
+    def step(self, micro_batches: list) -> StepFlops:
+        """FLOPs of one optimizer step over ``micro_batches``."""
+        counts = [self.micro_batch(mb) for mb in micro_batches]
+        return StepFlops(model_flops=sum(c[0] for c in counts), hardware_flops=sum(c[1] for c in counts),
+                         counted_on=self.device.type)

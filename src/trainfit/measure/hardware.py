@@ -1,0 +1,171 @@
+"""Peak FLOP/s per device and dtype, with the source of every row; CPU calibration.
+
+Figures are *dense* tensor-core (or CUDA-core for fp32) peaks from the vendor datasheets;
+where a datasheet lists "with sparsity" figures we halve them and say so. A device that is
+not in the table gives ``None`` -- never a guess from a similar name. Device names are
+matched exactly against the strings ``torch.cuda.get_device_name()`` returns (listed per
+row); add a row rather than loosening the match.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeakRow:
+    device: str
+    """Canonical device name."""
+    names: tuple[str, ...]
+    """Exact ``torch.cuda.get_device_name()`` strings that mean this device."""
+    peak_tflops: dict[str, float]
+    """Dense peak TFLOP/s per dtype (fp32 = non-tensor-core FMA rate)."""
+    source: str
+    """Datasheet the figures come from."""
+
+
+_HALVED = "sparsity figures halved to dense"
+PEAKS: tuple[PeakRow, ...] = (
+    PeakRow(device="H100-SXM", names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"),
+            peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+            source=f"NVIDIA H100 Tensor Core GPU datasheet (2023), SXM column; {_HALVED}"),
+    PeakRow(device="H100-PCIe", names=("NVIDIA H100 PCIe",),
+            peak_tflops={"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
+            source=f"NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe column; {_HALVED}"),
+    PeakRow(device="H200-SXM", names=("NVIDIA H200",),
+            peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+            source=f"NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column; {_HALVED}"),
+    PeakRow(device="A100", names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB",
+                                  "NVIDIA A100 80GB PCIe"),
+            peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            source="NVIDIA A100 Tensor Core GPU datasheet (2021); dense figures as listed (sparse ones are 2x)"),
+    PeakRow(device="L4", names=("NVIDIA L4",),
+            peak_tflops={"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+            source=f"NVIDIA L4 Tensor Core GPU datasheet (2023); {_HALVED}"),
+    PeakRow(device="L40S", names=("NVIDIA L40S",),
+            peak_tflops={"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
+            source="NVIDIA L40S GPU datasheet (2023); dense figures as listed (sparse ones are 2x)"),
+    PeakRow(device="A10", names=("NVIDIA A10",),
+            peak_tflops={"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+            source="NVIDIA A10 Tensor Core GPU datasheet (2021); dense figures as listed (sparse ones are 2x)"),
+    PeakRow(device="V100-SXM2", names=("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"),
+            peak_tflops={"fp32": 15.7, "fp16": 125.0},
+            source="NVIDIA Tesla V100 GPU datasheet (2020), SXM2 column (no bf16/tf32 support)"),
+    PeakRow(device="T4", names=("Tesla T4",),
+            peak_tflops={"fp32": 8.1, "fp16": 65.0},
+            source="NVIDIA T4 Tensor Core GPU datasheet (2019), mixed-precision FP16/FP32 (no bf16/tf32)"),
+)
+
+
+def find_device(name: str) -> PeakRow | None:
+    """The table row whose exact names include ``name`` (or whose canonical name is ``name``)."""
+    for row in PEAKS:
+        if name == row.device or name in row.names:
+            return row
+    return None
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    """Dense peak FLOP/s of ``device_name`` for ``dtype``; None when the device or dtype is not in the table.
+
+    Raises:
+        ValueError: ``dtype`` is not one of fp32, tf32, bf16, fp16.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not valid; allowed: one of: {', '.join(DTYPES)}")
+    row = find_device(device_name)
+    if row is None or dtype not in row.peak_tflops:
+        return None
+    return row.peak_tflops[dtype] * 1e12
+
+
+def compute_dtype(precision_name: str, *, tf32_enabled: bool) -> str:
+    """The dtype matmuls run in under a precision policy (fp32 -> tf32 when TF32 is enabled)."""
+    if precision_name.startswith("bf16"):
+        return "bf16"
+    if precision_name.startswith("fp16"):
+        return "fp16"
+    return "tf32" if tf32_enabled else "fp32"
+
+
+_TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    flops_per_s: float
+    """Best measured matmul rate."""
+    dtype: str
+    size: int
+    """Square matmul size used."""
+    threads: int
+    """torch CPU threads at calibration time."""
+    source: str = "measured: best of repeated square matmuls on this CPU (trainfit.measure.hardware.calibrate_cpu)"
+
+
+def calibrate_cpu(dtype: str = "fp32", *, size: int | None = None, seconds: float = 0.3) -> Calibration:
+    """Achievable CPU matmul FLOP/s: the best rate of repeated ``size x size`` matmuls.
+
+    A CPU has no datasheet peak we can trust per SKU and thread count, so MFU on CPU is
+    reported against this measured rate (with the current ``torch.get_num_threads()``).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not valid; allowed: one of: {', '.join(DTYPES)}")
+    # Half-precision CPU matmuls are far slower: keep them small so calibration stays short.
+    size = size or (512 if dtype in ("fp32", "tf32") else 256)
+    a = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
+    b = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    reps = 0
+    while reps < 3 or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+    return Calibration(flops_per_s=2 * size**3 / best, dtype=dtype, size=size, threads=torch.get_num_threads())
+
+
+def measure_loopback(nbytes: int = 8 * 2**20, pings: int = 50) -> tuple[float, float]:
+    """(bytes/s, one-way latency s) of TCP on 127.0.0.1 -- the path gloo uses between processes
+    on one host -- measured between two threads of this process. Costs ~0.1 s."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    payload = b"\0" * nbytes
+
+    def echo() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(pings):
+                conn.sendall(conn.recv(1))
+            got = 0
+            while got < nbytes:
+                got += len(conn.recv(1 << 20))
+            conn.sendall(b"k")
+
+    th = threading.Thread(target=echo, daemon=True)
+    th.start()
+    with socket.create_connection(("127.0.0.1", port)) as c, srv:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rtts = []
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            c.sendall(b"x")
+            c.recv(1)
+            rtts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        c.sendall(payload)
+        c.recv(1)
+        elapsed = time.perf_counter() - t0
+    th.join()
+    return nbytes / elapsed, sorted(rtts)[len(rtts) // 2] / 2

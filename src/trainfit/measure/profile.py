@@ -1,0 +1,322 @@
+"""Where each step's time goes: the step-time breakdown, throughput, MFU and ordered advice.
+
+``profile(run, options)`` runs warm-up + N real optimizer steps through the same
+``engine.optimizer_step`` that training uses, with a :class:`~trainfit.measure.timers.PhaseTimer`
+threaded through it and the strategy's collectives wrapped in a ``comm`` phase; the step does
+not know it is measured. Phases:
+
+- ``data_wait``: host time blocked on the loader (``next(batches)``)
+- ``h2d``: host-to-device copy of the micro-batches
+- ``forward`` / ``backward`` (incl. recompute) / ``optimizer`` (unscale, clip, step, zero)
+- ``comm_exposed``: time blocked in the step's explicit collectives (token count, loss,
+  overflow flag) plus the *exposed* part of the gradient sync. DDP/FSDP sync gradients inside
+  the last micro-batch's backward, partly hidden behind it; with accumulation >= 2 the exposed
+  part is that backward minus a non-syncing micro-batch's backward (same work, no sync).
+  With accumulation 1 it cannot be separated and stays in ``backward`` (reported as such).
+- ``rest``: everything else (loss read-back, Python, the timer itself).
+
+On CUDA, phases are timed with CUDA events and the device busy fraction comes from the
+kernel timeline of ``torch.profiler``; on CPU phases are wall-clock and ``busy_frac`` is the
+share of the step spent computing (h2d + forward + backward + optimizer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainfit.data import make_loader
+from trainfit.engine import optimizer_step
+from trainfit.errors import ConfigError, check_int, check_number
+from trainfit.measure import hardware, scaleout
+from trainfit.measure.advice import Findings, Thresholds, advise
+from trainfit.measure.flops import FlopCounter
+from trainfit.measure.timers import PhaseTimer
+from trainfit.tasks.base import to_device
+
+PARTS = ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s", "step_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileOptions:
+    steps: int = 20
+    """Profiled optimizer steps (after warm-up)."""
+    warmup: int = 3
+    """Steps run first and discarded (allocator, loader workers, lazy init)."""
+    batch_probe: bool = True
+    """Also profile a 2x micro-batch to tell whether throughput still rises with it."""
+    bandwidth_bytes_per_s: float | None = None
+    """Interconnect bandwidth for scale-out predictions; None: measure (CPU loopback, or the live
+    process group) or, on a single GPU, report no prediction."""
+    latency_s: float | None = None
+    """Per ring-step latency; None: measured with the bandwidth, else 0."""
+    overlap: float = 0.0
+    """Fraction of backward that can hide communication in predictions (0: pessimistic)."""
+    trace_dir: str | None = None
+    """Write a torch.profiler Chrome trace of a few extra steps here."""
+    thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps, minimum=1)
+        check_int("warmup", self.warmup, minimum=0)
+        check_number("overlap", self.overlap, minimum=0.0, inclusive=True)
+        if self.overlap > 1:
+            raise ConfigError("overlap", self.overlap, "a number in [0, 1]")
+        if self.bandwidth_bytes_per_s is not None:
+            check_number("bandwidth", self.bandwidth_bytes_per_s, minimum=0.0)
+
+
+class _TimedStrategy:
+    """The run's strategy with its explicit collectives inside a ``comm`` phase."""
+
+    def __init__(self, inner, timer: PhaseTimer) -> None:
+        self._inner, self._timer = inner, timer
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> None:
+        with self._timer.phase("comm"):
+            self._inner.all_reduce_sum(t)
+
+    def all_reduce_max(self, t: torch.Tensor) -> None:
+        with self._timer.phase("comm"):
+            self._inner.all_reduce_max(t)
+
+
+def _split_sync(ph: dict[str, float], accumulation: int, world_size: int) -> tuple[float, float]:
+    """(backward_s, exposed gradient-sync s) from the non-syncing and syncing backward phases."""
+    nosync, sync = ph.get("backward", 0.0), ph.get("backward_sync", 0.0)
+    if world_size == 1 or accumulation < 2:
+        return nosync + sync, 0.0
+    exposed = max(0.0, sync - nosync / (accumulation - 1))
+    return nosync + sync - exposed, exposed
+
+
+def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | None = None) -> list[dict]:
+    """Warm-up + ``steps`` timed optimizer steps; one dict of seconds (and counts, FLOPs) per step."""
+    st, cfg = run.strategy, run.cfg
+    timer = PhaseTimer(st.device)
+    timed = _TimedStrategy(st, timer)
+    rows = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        host = [next(batches) for _ in range(cfg.accumulation)]  # blocks on the loader
+        t1 = time.perf_counter()
+        with timer.phase("h2d"):
+            mbs = [to_device(mb, st.device) for mb in host]
+        res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
+                             micro_batches=mbs, loss_fn=run.task.loss, count_fn=run.task.count,
+                             strategy=timed, grad_clip=cfg.grad_clip, timer=timer)
+        ph = timer.collect()  # CUDA: synchronizes
+        t2 = time.perf_counter()
+        if i < warmup:
+            continue
+        backward, hidden_sync = _split_sync(ph, cfg.accumulation, st.world_size)
+        row = {"data_wait_s": t1 - t0, "h2d_s": ph.get("h2d", 0.0), "forward_s": ph.get("forward", 0.0),
+               "backward_s": backward, "optimizer_s": ph.get("optimizer", 0.0),
+               "comm_exposed_s": ph.get("comm", 0.0) + hidden_sync, "step_s": t2 - t0,
+               "count": res.count / st.world_size, "samples": sum(_batch_len(mb) for mb in host)}
+        row["rest_s"] = max(0.0, row["step_s"] - sum(row[k] for k in PARTS[:-2]))
+        if flops is not None:  # outside the timed window; cached by shape
+            f = flops.step(host)
+            row["model_flops"], row["hardware_flops"] = f.model_flops, f.hardware_flops
+        rows.append(row)
+    return rows
+
+
+def _batch_len(batch) -> int:
+    for leaf in torch.utils._pytree.tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    return 1
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
+
+
+def _loader(run, micro_batch: int, start_step: int = 0):
+    cfg, st = run.cfg, run.strategy
+    return iter(make_loader(run.task.dataset(), run.task.collate, start_step=start_step, micro_batch=micro_batch,
+                            accumulation=cfg.accumulation, rank=st.rank, world_size=st.world_size, seed=cfg.seed,
+                            workers=cfg.loader_workers))
+
+
+def _peak(run) -> tuple[float | None, str, str]:
+    """(peak FLOP/s, dtype, source) for MFU on this run's device; None when unknown."""
+    dev = run.strategy.device
+    tf32 = dev.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    dtype = hardware.compute_dtype(run.cfg.precision, tf32_enabled=tf32)
+    if dev.type == "cpu":
+        cal = hardware.calibrate_cpu(dtype)
+        return cal.flops_per_s, dtype, f"{cal.source}; {cal.size}x{cal.size} {dtype}, {cal.threads} threads"
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        row = hardware.find_device(name)
+        peak = hardware.peak_flops(name, dtype)
+        if peak is None:
+            return None, dtype, f"device {name!r} ({dtype}) is not in the peak table: MFU not reported"
+        return peak, dtype, row.source
+    return None, dtype, f"no peak FLOP/s known for device type {dev.type!r}"
+
+
+def _cuda_busy(run, batches, steps: int, trace_dir: str | None) -> tuple[float | None, str | None]:
+    """Device busy fraction from the kernel timeline over ``steps`` extra steps; optional trace."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    cuda = run.strategy.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with tprofile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        run_steps(run, batches, steps=steps, warmup=0)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    trace = None
+    if trace_dir:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        trace = str(Path(trace_dir) / f"trace-rank{run.strategy.rank}.json")
+        prof.export_chrome_trace(trace)
+    if not cuda:
+        return None, trace
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy, end = 0.0, float("-inf")
+    for s, e in spans:  # union of kernel intervals
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return min(1.0, busy / wall_us), trace
+
+
+def _rate(rows: list[dict]) -> float:
+    """Compute throughput per device: items per second of step time without data wait."""
+    return sum(r["count"] for r in rows) / max(sum(r["step_s"] - r["data_wait_s"] for r in rows), 1e-12)
+
+
+def _probe_batch(run, opts: ProfileOptions) -> tuple[float | None, tuple | None, str]:
+    """Throughput gain at 2x micro-batch (same model, optimizer and accumulation).
+
+    Steps at m and 2m alternate, so a change in machine load hits both alike; the rates are
+    medians of per-step compute throughput (data wait excluded).
+    """
+    m = run.cfg.micro_batch
+    small, big = _loader(run, m, start_step=10_000), _loader(run, 2 * m, start_step=20_000)
+    r_small, r_big = [], []
+    try:
+        run_steps(run, big, steps=1, warmup=1)
+        for _ in range(max(3, opts.steps // 2)):
+            r_small.append(_rate(run_steps(run, small, steps=1, warmup=0)))
+            r_big.append(_rate(run_steps(run, big, steps=1, warmup=0)))
+    except torch.OutOfMemoryError:
+        return None, None, f"micro_batch={2 * m} ran out of memory"
+    r1, r2 = statistics.median(r_small), statistics.median(r_big)
+    return r2 / r1 - 1.0, (r1, r2), f"alternating steps at micro_batch={m} and {2 * m}"
+
+
+def _budget(run) -> tuple[int | None, str]:
+    if run.cfg.memory_cap:
+        return run.cfg.memory_cap, "memory_cap"
+    dev = run.strategy.device
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory, f"{torch.cuda.get_device_name(dev)} memory"
+    return None, ""
+
+
+def _fit_micro_batch(run, m: int, max_micro_batch: int = 1024) -> tuple[int | None, str]:
+    """The largest micro-batch m*2^k whose measured memory report fits the budget.
+
+    Uses the memory report (``trainfit.measure.memory.measure_memory``: a real step under the
+    storage tracker, worst-case full-length batch): peaks at m and 2m give bytes per sample,
+    the linear extrapolation proposes a candidate, and the candidate is measured too (halved
+    until it fits). Without a budget (CPU without memory_cap) it suggests 2m, which just ran.
+    """
+    from trainfit.measure.memory import measure_memory
+
+    budget, what = _budget(run)
+    if budget is None:
+        return 2 * m, (f"micro_batch={2 * m} ran in this profile; no memory budget is known on "
+                       f"{run.strategy.device.type} (set memory_cap to find the largest that fits)")
+    limit = min(max_micro_batch, len(run.task.dataset()))
+
+    def peak(b: int) -> int:
+        return measure_memory(run.cfg, batch=b, run=run).peak_bytes
+
+    p1, p2 = peak(m), peak(2 * m)
+    per_sample = max((p2 - p1) / m, 1.0)
+    cand = m
+    while cand * 2 <= limit and p1 + (cand * 2 - m) * per_sample <= budget:
+        cand *= 2
+    while cand > m:
+        p = peak(cand)
+        if p <= budget:
+            return cand, (f"measured peak {p / 2**20:,.1f} MiB at micro_batch={cand} fits {what} "
+                          f"{budget / 2**20:,.1f} MiB (memory report)")
+        cand //= 2
+    return None, f"no larger micro-batch fits {what} {budget / 2**20:,.1f} MiB (memory report at {m}: {p1:,} bytes)"
+
+
+def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
+    """Profile ``run`` (from ``train.build_run``) and return the report as a JSON-able dict."""
+    cfg, st = run.cfg, run.strategy
+    if cfg.micro_batch == "auto":
+        raise ConfigError("micro_batch", "auto", "a number for profiling", "pass --micro-batch N")
+    flops = FlopCounter(build_model=run.task.build_model, block_names=run.task.block_names,
+                        loss_fn=run.task.loss, policy=cfg.checkpointing)
+    batches = _loader(run, cfg.micro_batch)
+    rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops)
+    parts = {k: _spread([r[k] for r in rows]) for k in PARTS}
+    med = {k: v["median"] for k, v in parts.items()}
+    total_s = sum(r["step_s"] for r in rows)
+    frac = {k: sum(r[k] for r in rows) / total_s for k in PARTS}
+    peak, dtype, peak_source = _peak(run)
+    model_flops = statistics.median(r["model_flops"] for r in rows)
+    hw_flops = statistics.median(r["hardware_flops"] for r in rows)
+    achieved = sum(r["model_flops"] for r in rows) / total_s
+    achieved_hw = sum(r["hardware_flops"] for r in rows) / total_s
+    busy, trace = (None, None)
+    if st.device.type == "cuda" or options.trace_dir:
+        busy, trace = _cuda_busy(run, batches, min(3, options.steps), options.trace_dir)
+    if busy is None:  # CPU: share of the step spent computing
+        busy = frac["h2d_s"] + frac["forward_s"] + frac["backward_s"] + frac["optimizer_s"]
+
+    gain, rates, probe_note = (None, None, "not probed")
+    suggested, fit_note = None, ""
+    if options.batch_probe:
+        gain, rates, probe_note = _probe_batch(run, options)
+        if gain is not None and gain > options.thresholds.batch_gain:
+            suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
+    compute_s = med["step_s"] - med["data_wait_s"] - med["comm_exposed_s"]
+    scaling = scaleout.scaling(run, options, compute_s, med["backward_s"])
+    unit = run.task.unit
+    findings = Findings(data_wait_frac=frac["data_wait_s"], comm_exposed_frac=frac["comm_exposed_s"],
+                        h2d_frac=frac["h2d_s"], loader_workers=cfg.loader_workers, device_type=st.device.type,
+                        world_size=st.world_size, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
+                        batch_gain=gain, rate_unit=unit, rates=rates, suggested_micro_batch=suggested,
+                        fit_note=fit_note, scaling_note=scaleout.scaling_note(scaling))
+    bottleneck, advice = advise(findings, options.thresholds)
+    items_per_s = sum(r["count"] for r in rows) / total_s
+    return {
+        "data_wait_frac": frac["data_wait_s"], "data_wait_s": med["data_wait_s"], "h2d_s": med["h2d_s"],
+        "forward_s": med["forward_s"], "backward_s": med["backward_s"], "optimizer_s": med["optimizer_s"],
+        "comm_exposed_s": med["comm_exposed_s"], "rest_s": med["rest_s"], "step_s": med["step_s"],
+        "busy_frac": busy, "tokens_per_s": items_per_s if unit == "tokens" else None,
+        "samples_per_s": sum(r["samples"] for r in rows) / total_s,
+        "mfu": achieved / peak if peak else None, "hfu": achieved_hw / peak if peak else None,
+        "bottleneck": bottleneck, "advice": advice,
+        "unit": unit, "per_device": True, "parts": parts, "fractions": frac,
+        "model_flops_per_step": model_flops, "hardware_flops_per_step": hw_flops,
+        "flops_counted_on": flops.device.type, "peak_flops": peak, "peak_dtype": dtype, "peak_source": peak_source,
+        "batch_probe": {"micro_batch": cfg.micro_batch, "gain": gain,
+                        "rates_per_s": list(rates) if rates else None, "note": probe_note,
+                        "suggested_micro_batch": suggested, "fit": fit_note},
+        "scaling": scaling, "grad_sync_separable": st.world_size == 1 or cfg.accumulation >= 2,
+        "device": str(st.device), "world_size": st.world_size, "rank": st.rank, "strategy": cfg.strategy,
+        "steps": options.steps, "warmup": options.warmup, "trace": trace,
+        "threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,226 @@
+"""Communication cost model for data-parallel strategies (pure: no torch).
+
+How many bytes each device sends per optimizer step under each strategy, and what that
+does to step time, speed-up and efficiency on ``n`` devices. Each strategy is one row of
+:data:`TRAFFIC` with the formula's source. Used by ``trainfit profile`` (scale-out advice)
+and by the planner.
+
+Model (weak scaling: every device keeps its micro-batch, the global batch grows with n)::
+
+    comm_s(n)    = sum over the step's collectives of  steps(n) * latency_s + bytes(n) / bandwidth
+    exposed_s(n) = max(0, comm_s(n) - overlap * backward_s)      # part hidden behind backward
+    step_s(n)    = compute_s + exposed_s(n)                       # compute_s: the 1-device step
+    speedup(n)   = n * compute_s / step_s(n)                      # samples/s relative to 1 device
+    efficiency   = speedup(n) / n
+
+A ring collective over n devices runs n-1 steps, each moving 1/n of the buffer per device
+(Patarasuk & Yuan 2009): reduce-scatter and all-gather send (n-1)/n x B bytes each, an
+all-reduce (= reduce-scatter + all-gather) sends 2(n-1)/n x B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Strategy = Literal["ddp", "zero1", "zero2", "zero3"]
+STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3")
+
+RING_SOURCE = ("P. Patarasuk, X. Yuan, 'Bandwidth optimal all-reduce algorithms for clusters of workstations', "
+               "J. Parallel Distrib. Comput. 69(2), 2009: ring all-reduce sends 2(n-1)/n x B per device")
+ZERO_SOURCE = ("S. Rajbhandari et al., 'ZeRO: Memory Optimizations Toward Training Trillion Parameter Models', "
+               "SC20, sec. 7 (communication analysis)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One ring collective of a step."""
+
+    op: Literal["all_reduce", "reduce_scatter", "all_gather"]
+    """The collective."""
+    of: Literal["grads", "params"]
+    """Which buffer it moves (gradient bytes or parameter bytes)."""
+    times: Literal["once", "per_micro_batch"]
+    """Once per optimizer step, or once per micro-batch (ZeRO-3 gathers freed parameters again)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrafficRow:
+    strategy: str
+    collectives: tuple[Collective, ...]
+    """The collectives of one optimizer step, in order."""
+    formula: str
+    """Bytes sent per device per step, with G = gradient bytes and P = parameter bytes."""
+    source: str
+    """Where the formula comes from."""
+
+
+_AR = Collective(op="all_reduce", of="grads", times="once")
+_RS = Collective(op="reduce_scatter", of="grads", times="once")
+_AG = Collective(op="all_gather", of="params", times="once")
+_AG_MB = Collective(op="all_gather", of="params", times="per_micro_batch")  # ZeRO-3 frees params after use
+
+TRAFFIC: dict[str, TrafficRow] = {
+    "ddp": TrafficRow(strategy="ddp", collectives=(_AR,), formula="2(n-1)/n x G",
+                      source=RING_SOURCE + "; PyTorch DDP all-reduces gradient buckets once per step"),
+    "zero1": TrafficRow(strategy="zero1", collectives=(_RS, _AG), formula="(n-1)/n x G + (n-1)/n x P",
+                        source=ZERO_SOURCE + ": stage 1/2 = reduce-scatter grads + all-gather updated params, "
+                        "same volume as DDP (2 psi)"),
+    "zero2": TrafficRow(strategy="zero2", collectives=(_RS, _AG), formula="(n-1)/n x G + (n-1)/n x P",
+                        source=ZERO_SOURCE + ": stage 2 = stage 1 traffic (2 psi)"),
+    "zero3": TrafficRow(strategy="zero3", collectives=(_AG_MB, _RS, _AG_MB),
+                        formula="2K x (n-1)/n x P + (n-1)/n x G  (K micro-batches; K=1: ~1.5x DDP)",
+                        source=ZERO_SOURCE + ": stage 3 all-gathers params in forward and again in backward, "
+                        "reduce-scatters grads: 3 psi = 1.5x DDP; the gathers repeat for every micro-batch"),
+}
+
+
+def _ring_factor(op: str, n: int) -> float:
+    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / n
+
+
+def _ring_steps(op: str, n: int) -> int:
+    return (2 if op == "all_reduce" else 1) * (n - 1)
+
+
+def _check(n: int, grad_bytes: float, param_bytes: float, accumulation: int, strategy: str) -> None:
+    if strategy not in TRAFFIC:
+        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(STRATEGIES)}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} is not valid; allowed: an integer >= 1 (devices)")
+    if grad_bytes < 0 or param_bytes < 0:
+        raise ValueError(f"grad_bytes={grad_bytes}, param_bytes={param_bytes}: sizes must be >= 0")
+    if accumulation < 1:
+        raise ValueError(f"accumulation={accumulation!r} is not valid; allowed: an integer >= 1")
+
+
+def _times(c: Collective, accumulation: int, per_micro_batch: bool) -> int:
+    if c.times == "per_micro_batch":
+        return accumulation
+    # ZeRO-2/3 with per-micro-batch sync reduce-scatter gradients every micro-batch.
+    return accumulation if per_micro_batch and c.of == "grads" else 1
+
+
+def bytes_per_step(strategy: str, *, n: int, grad_bytes: float, param_bytes: float | None = None,
+                   accumulation: int = 1, per_micro_batch: bool = False) -> float:
+    """Bytes each device sends per optimizer step (0 for n = 1).
+
+    Args:
+        strategy: ddp, zero1, zero2 or zero3.
+        n: number of devices.
+        grad_bytes: bytes of all gradients as communicated (e.g. 4 x parameters for fp32 grads).
+        param_bytes: bytes of all parameters as gathered (defaults to ``grad_bytes``).
+        accumulation: micro-batches per optimizer step.
+        per_micro_batch: ZeRO-2/3 reduce-scatter every micro-batch instead of once.
+    Raises:
+        ValueError: unknown strategy, n < 1, negative sizes.
+    """
+    param_bytes = grad_bytes if param_bytes is None else param_bytes
+    _check(n, grad_bytes, param_bytes, accumulation, strategy)
+    per_mb = per_micro_batch and strategy in ("zero2", "zero3")
+    total = 0.0
+    for c in TRAFFIC[strategy].collectives:
+        size = grad_bytes if c.of == "grads" else param_bytes
+        total += _times(c, accumulation, per_mb) * _ring_factor(c.op, n) * size
+    return total
+
+
+def comm_seconds(strategy: str, *, n: int, grad_bytes: float, bandwidth_bytes_per_s: float,
+                 latency_s: float = 0.0, param_bytes: float | None = None, accumulation: int = 1,
+                 per_micro_batch: bool = False) -> float:
+    """Seconds of communication per step: ring steps x latency + bytes / bandwidth.
+
+    ``bandwidth_bytes_per_s`` is what one device can send while receiving as much (the
+    unidirectional link bandwidth of the ring's slowest hop).
+    """
+    if not bandwidth_bytes_per_s > 0:
+        raise ValueError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s!r}: must be > 0")
+    if latency_s < 0:
+        raise ValueError(f"latency_s={latency_s!r}: must be >= 0")
+    param_bytes = grad_bytes if param_bytes is None else param_bytes
+    _check(n, grad_bytes, param_bytes, accumulation, strategy)
+    per_mb = per_micro_batch and strategy in ("zero2", "zero3")
+    steps = sum(_times(c, accumulation, per_mb) * _ring_steps(c.op, n) for c in TRAFFIC[strategy].collectives)
+    sent = bytes_per_step(strategy, n=n, grad_bytes=grad_bytes, param_bytes=param_bytes,
+                          accumulation=accumulation, per_micro_batch=per_micro_batch)
+    return steps * latency_s + sent / bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalePoint:
+    n: int
+    """Devices."""
+    comm_bytes: float
+    """Bytes each device sends per step."""
+    comm_s: float
+    """Communication time per step."""
+    exposed_comm_s: float
+    """Communication not hidden behind backward."""
+    step_s: float
+    """Predicted step time."""
+    speedup: float
+    """Throughput relative to one device."""
+    efficiency: float
+    """speedup / n."""
+    source: str
+    """Formula source of the strategy's traffic row."""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandwidth_bytes_per_s: float,
+            latency_s: float = 0.0, backward_s: float = 0.0, overlap: float = 0.0,
+            param_bytes: float | None = None, accumulation: int = 1, per_micro_batch: bool = False) -> ScalePoint:
+    """Predicted step time, speed-up and efficiency on ``n`` devices (weak scaling).
+
+    Args:
+        compute_s: measured 1-device step time without communication (what every device still does).
+        backward_s: measured backward time, behind which communication may hide.
+        overlap: fraction of ``backward_s`` that can hide communication (0 = none, pessimistic;
+            DDP buckets and FSDP prefetch approach 1 on GPUs with a separate comm stream).
+    """
+    if not compute_s > 0:
+        raise ValueError(f"compute_s={compute_s!r}: must be > 0 (a measured step time)")
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap={overlap!r} is not valid; allowed: a number in [0, 1]")
+    kw = dict(grad_bytes=grad_bytes, param_bytes=param_bytes, accumulation=accumulation, per_micro_batch=per_micro_batch)
+    sent = bytes_per_step(strategy, n=n, **kw)
+    comm = 0.0 if n == 1 else comm_seconds(strategy, n=n, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                                           latency_s=latency_s, **kw)
+    exposed = max(0.0, comm - overlap * backward_s)
+    step = compute_s + exposed
+    speedup = n * compute_s / step
+    return ScalePoint(n=n, comm_bytes=sent, comm_s=comm, exposed_comm_s=exposed, step_s=step, speedup=speedup,
+                      efficiency=speedup / n, source=TRAFFIC[strategy].source)
+
+
+def scaling_curve(strategy: str, *, ns: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), **kw) -> list[ScalePoint]:
+    """:func:`predict` for each device count in ``ns``."""
+    return [predict(strategy, n=n, **kw) for n in ns]
+
+
+def comm_dominates_beyond(strategy: str, *, max_n: int = 65536, **kw) -> int | None:
+    """Smallest n >= 2 whose exposed communication exceeds the compute time, or None up to ``max_n``.
+
+    Exposed time grows with n (the ring factor rises towards its limit, latency grows linearly),
+    so a doubling search followed by bisection finds the crossover.
+    """
+    compute_s = kw["compute_s"]
+
+    def dominated(n: int) -> bool:
+        return predict(strategy, n=n, **kw).exposed_comm_s > compute_s
+
+    if dominated(2):
+        return 2
+    lo, hi = 2, 4
+    while hi <= max_n and not dominated(hi):
+        lo, hi = hi, hi * 2
+    if hi > max_n:
+        if not dominated(max_n):
+            return None
+        hi = max_n
+    while hi - lo > 1:  # invariant: not dominated(lo), dominated(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if dominated(mid) else (mid, hi)
+    return hi
