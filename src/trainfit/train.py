@@ -23,6 +23,7 @@ from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
 from trainfit.levers.precision import Precision, make_precision
+from trainfit.measure.timers import PhaseTimer
 from trainfit.strategies import fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import has_checkpoints, resume_sharded
 from trainfit.tasks import Task, make_task
@@ -157,6 +158,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     res: StepResult | None = None
     skipped = consecutive_skips = 0
     items = 0
+    timer = PhaseTimer(st.device)  # per-step breakdown for metrics.jsonl (a few perf_counter calls)
     t_start = time.perf_counter()
     try:
         for step in range(start, cfg.steps):
@@ -166,7 +168,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
             mbs = [to_device(mb, st.device) for mb in mbs]
             res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
                                  micro_batches=mbs, loss_fn=run.task.loss, count_fn=run.task.count,
-                                 strategy=st, grad_clip=cfg.grad_clip)
+                                 strategy=st, grad_clip=cfg.grad_clip, timer=timer)
+            phases = timer.collect()  # CUDA: one sync per step to read the events
             t2 = time.perf_counter()
             _check_health(cfg, run, res, consecutive_skips + (not res.stepped), step)
             skipped += not res.stepped
@@ -181,6 +184,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
                     "step": step + 1, "loss": res.loss, "count": res.count, "stepped": res.stepped,
                     "loss_scale": res.loss_scale, "grad_norm": res.grad_norm, "step_s": t2 - t0,
                     "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
+                    **{f"{k}_s": v for k, v in phases.items()},  # forward, backward[_sync], optimizer
                 }) + "\n")
                 metrics.flush()
             bar.set_postfix_str(f"loss={res.loss:.4f} {run.task.unit}/s={rate:,.0f} data={data_frac:.0%} "
