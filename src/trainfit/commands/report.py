@@ -1,0 +1,47 @@
+"""``trainfit report RUN_DIR``: one self-contained HTML page of what the run directory holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="write RUN_DIR/report.html (loss, memory, step time, plan, advice)")
+    p.add_argument("run_dir", help="a run directory (metrics.jsonl, memory.json, profile.json, plan.json)")
+    p.add_argument("--out", help="where to write the page (default RUN_DIR/report.html)")
+    p.add_argument("--json", action="store_true", help="print {\"report\": PATH} on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from trainfit.report import write_report
+
+    path = write_report(args.run_dir, args.out)
+    if args.json:
+        print(json.dumps({"report": str(path)}))
+    else:
+        print(f"report written to {path}", file=sys.stderr)
+    return 0
+
+
+def add_report_flag(p) -> None:
+    """``--report`` for commands that write into a run directory (train, memory, profile, plan)."""
+    p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html")
+
+
+def save_and_report(run_dir, name: str, doc, *, report: bool) -> None:
+    """Store a command's JSON object as RUN_DIR/<name> (what the report reads); render when asked."""
+    from pathlib import Path
+
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / name).write_text(json.dumps(doc, indent=1, default=str))
+    if report:
+        run_report(root)
+
+
+def run_report(run_dir) -> None:
+    from trainfit.report import write_report
+
+    print(f"report written to {write_report(run_dir)}", file=sys.stderr)

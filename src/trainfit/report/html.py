@@ -1,0 +1,180 @@
+"""One self-contained HTML page for a run directory: charts embedded as base64 PNG, no network.
+
+``write_report(run_dir)`` reads what the directory holds (:mod:`trainfit.report.data`) and writes
+``RUN_DIR/report.html``. Sections appear only for the files present.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+from trainfit.errors import ConfigError
+from trainfit.report import plots
+from trainfit.report.data import (REPORT, RunArtifacts, advice_items, load_run, memory_label, memory_parts,
+                                  plan_rows, time_parts)
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
+color:#222;line-height:1.45}
+h1{font-size:1.5rem}h2{font-size:1.15rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
+table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}td,th{border:1px solid #ddd;padding:.2rem .5rem;
+text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+figure{margin:.5rem 0}img.chart{max-width:100%;height:auto}figcaption{font-size:.8rem;color:#555}
+pre{background:#f7f7f7;padding:.5rem;font-size:.8rem;overflow:auto}.note{color:#8a5a00}
+"""
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _img(png: bytes, alt: str, caption: str) -> str:
+    b64 = base64.b64encode(png).decode("ascii")
+    return (f'<figure><img class="chart" alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def _num(v: object) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        return f"{v:.0f}" if v.is_integer() and abs(v) < 1e12 else f"{v:.4g}"
+    return _e(v)
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="num">{_num(c)}</td>' if isinstance(c, (int, float)) and not isinstance(c, bool)
+                         else f"<td>{c if isinstance(c, _Raw) else _e(c)}</td>" for c in r) + "</tr>"
+        for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class _Raw(str):
+    """Already-escaped HTML for a table cell."""
+
+
+def _loss_section(art: RunArtifacts) -> str:
+    s = art.loss
+    if s is None:
+        return ""
+    finite = [v for v in s.loss if math.isfinite(v)]
+    rows = [["optimizer steps", len(s.steps)], ["first loss", finite[0] if finite else math.nan],
+            ["last loss", finite[-1] if finite else math.nan], ["skipped steps", len(s.skipped)],
+            ["final loss scale", s.loss_scale[-1]]]
+    out = ["<h2>Loss</h2>", _table(["", "value"], rows),
+           _img(plots.loss_png(s), "loss curve", f"Loss per optimizer step from metrics.jsonl; "
+                f"{len(s.skipped)} skipped step(s) marked with a red cross.")]
+    if s.scaled:
+        out.append(_img(plots.loss_scale_png(s), "loss scale", "Dynamic loss scale (halved on overflow, "
+                        "doubled after a run of clean steps); red lines are skipped steps."))
+    else:
+        out.append("<p>Loss scale: 1 throughout (this precision does not scale the loss).</p>")
+    if s.skipped:
+        shown = ", ".join(str(k) for k in s.skipped[:50]) + (" ..." if len(s.skipped) > 50 else "")
+        out.append(f"<p>Skipped steps: {_e(shown)}</p>")
+    return "\n".join(out)
+
+
+def _memory_section(art: RunArtifacts) -> str:
+    if not art.memory:
+        return ""
+    labels = [memory_label(r, i) for i, r in enumerate(art.memory)]
+    parts = [memory_parts(r) for r in art.memory]
+    peaks = [r.get("peak_bytes") for r in art.memory]
+    mib = 2.0**20
+    rows = [[lab] + [p[k] / mib for k in p] + [(pk or 0) / mib, r.get("peak_phase", ""), r.get("method", "")]
+            for lab, p, pk, r in zip(labels, parts, peaks, art.memory)]
+    header = ["configuration"] + [f"{k} MiB" for k in parts[0]] + ["peak MiB", "peak phase", "method"]
+    return "\n".join(["<h2>Memory</h2>", _img(plots.memory_png(labels, parts, peaks), "memory parts",
+                      "Largest live bytes of each part during one optimizer step; the black tick is the peak "
+                      "(parts need not all be at their largest at the same moment)."), _table(header, rows)])
+
+
+def _time_section(art: RunArtifacts) -> str:
+    profs = [(i, p, time_parts(p)) for i, p in enumerate(art.profile)]
+    profs = [x for x in profs if x[2]]
+    if not profs:
+        return ""
+    labels = [str(p.get("label") or p.get("precision") or p.get("strategy") or f"profile {i + 1}") for i, p, _ in profs]
+    parts = [t for _, _, t in profs]
+    rows = []
+    for lab, (_, p, t) in zip(labels, profs):
+        total = sum(t.values()) or 1.0
+        rows += [[lab, k, v * 1e3, f"{v / total:.0%}"] for k, v in t.items()]
+        if p.get("bottleneck"):
+            rows.append([lab, "bottleneck", _Raw(f"<b>{_e(p['bottleneck'])}</b>"), ""])
+    return "\n".join(["<h2>Step time</h2>", _img(plots.time_png(labels, parts), "step time breakdown",
+                      "Median time per optimizer step by phase."),
+                      _table(["profile", "phase", "ms (median)", "share"], rows)])
+
+
+def _scalar_columns(rows: list[dict]) -> list[str]:
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k, v in r.items() if k not in cols and k not in ("reasons", "advice")
+                 and (v is None or isinstance(v, (str, int, float, bool)))]
+    return cols
+
+
+def _reasons(v: object) -> _Raw:
+    if isinstance(v, (list, tuple)):
+        return _Raw("<ul>" + "".join(f"<li>{_e(x.get('text', x) if isinstance(x, dict) else x)}</li>"
+                                     for x in v) + "</ul>")
+    return _Raw(_e(v if v is not None else ""))
+
+
+def _plan_section(art: RunArtifacts) -> str:
+    out = []
+    for doc in art.plan:
+        rows = plan_rows(doc)
+        cols = _scalar_columns(rows)
+        out.append(_table(cols + ["reasons"], [[r.get(c, "") for c in cols] + [_reasons(r.get("reasons"))]
+                                               for r in rows]))
+    return "<h2>Plan</h2>\n" + "\n".join(out) if out else ""
+
+
+def _verify_section(art: RunArtifacts) -> str:
+    if not art.verify:
+        return ""
+    cols = _scalar_columns(art.verify)
+    return "<h2>Verify</h2>\n" + _table(cols, [[r.get(c, "") for c in cols] for r in art.verify])
+
+
+def render(art: RunArtifacts) -> str:
+    """The whole page as one string."""
+    advice = advice_items(art)
+    parts = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        f"<title>trainfit report: {_e(art.run_dir)}</title><style>{CSS}</style></head><body>",
+        f"<h1>trainfit report</h1><p>Run directory: <code>{_e(art.run_dir)}</code></p>",
+        _loss_section(art), _memory_section(art), _time_section(art), _plan_section(art), _verify_section(art),
+    ]
+    if advice:
+        parts.append("<h2>Advice</h2><ol>" + "".join(f"<li><b>{_e(s)}</b>: {_e(t)}</li>" for s, t in advice) + "</ol>")
+    if art.config:
+        parts.append(f"<h2>Configuration</h2><pre>{_e(art.config)}</pre>")
+    if art.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f'<li class="note">{_e(n)}</li>' for n in art.notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Render ``run_dir`` into ``out`` (default ``RUN_DIR/report.html``); returns the path written."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ConfigError("run_dir", str(root), "an existing run directory", "run `trainfit train --run-dir DIR` first")
+    art = load_run(root)
+    if art.empty:
+        raise ConfigError("run_dir", str(root), "a directory with metrics.jsonl, memory.json, profile.json, "
+                          "plan.json or verify.json", "run `trainfit train` (or memory/profile/plan with --report)")
+    path = Path(out) if out else root / REPORT
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render(art), encoding="utf-8")
+    tmp.replace(path)  # never a half-written page
+    return path
