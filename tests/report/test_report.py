@@ -128,3 +128,23 @@ def test_cli_report_writes_the_page_and_refuses_an_empty_dir(run_dir, tmp_path, 
     assert main(["report", str(empty)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run_dir=" in err[0] and "metrics.jsonl" in err[0]
+
+
+def test_train_phase_medians_from_metrics_by_hand():
+    from trainfit.report.data import train_time_parts
+
+    rows = [{"step": i, "forward_s": f, "backward_s": b, "backward_sync_s": 0.01, "optimizer_s": 0.002,
+             "data_wait_s": 0.001, "step_s": s}
+            for i, (f, b, s) in enumerate([(9.0, 9.0, 30.0), (0.1, 0.2, 0.4), (0.3, 0.1, 0.5), (0.2, 0.3, 0.6)], 1)]
+    t = train_time_parts(rows)  # the first (warm-up) step is left out; medians of the other three
+    assert t["forward"] == pytest.approx(0.2) and t["backward"] == pytest.approx(0.21)
+    assert t["rest"] == pytest.approx(0.5 - (0.001 + 0.2 + 0.21 + 0.002))
+
+
+def test_train_report_flag_writes_the_page(tmp_path, tiny_gpt_overrides):
+    d = tmp_path / "run"
+    assert main(["train", "--model-config", tiny_gpt_overrides, "--seq", "16", "--micro-batch", "2",
+                 "--accumulation", "2", "--steps", "3", "--run-dir", str(d), "--report"]) == 0
+    page = parse(d / "report.html")
+    assert [i["alt"] for i in page.imgs] == ["loss curve", "step time breakdown"]
+    assert all(ink_share(decode(i)) > 0.02 for i in page.imgs)

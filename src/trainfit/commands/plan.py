@@ -28,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")
+    p.add_argument("--run-dir", default="runs/default", help="where --report writes (default runs/default)")
     p.add_argument("--write", metavar="PLAN.toml", help="write the best plan as a config `trainfit train` runs")
     p.set_defaults(func=run)
 
@@ -109,14 +111,19 @@ def run(args) -> int:
             raise TrainfitError("plan: nothing fits, so there is no config to --write: " + "; ".join(result.notes))
         cfg = plan_config(result.best, base, nproc=nproc, global_batch=space.global_batch)
         Path(args.write).write_text(dump_toml(cfg))
-    if args.json:
+    if args.json or args.report:
         out = {"model": args.model, "global_batch": space.global_batch, "devices": space.devices,
                "device_memory_bytes": space.memory_bytes, "basis": used, "candidates": result.candidates,
                "excluded": result.excluded, "notes": result.notes,
                "plans": [{k: e.to_dict()[k] for k in (*ENTRY_KEYS, "grad_sync", "parts", "compute_s",
                                                       "exposed_comm_s")} for e in shown]}
-        print(json.dumps(out))
-        return 0
+        if args.report:
+            from trainfit.commands.report import save_and_report
+
+            save_and_report(args.run_dir, "plan.json", out, report=True)
+        if args.json:
+            print(json.dumps(out))
+            return 0
     print(format_table(shown))
     for n in result.notes:
         print(n)

@@ -19,6 +19,7 @@ def register(sub) -> None:
     add_run_flags(p)  # --steps here is the number of profiled steps (default 20)
     p.add_argument("--warmup", type=int, default=3, help="steps run first and discarded (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--report", action="store_true", help="also save RUN_DIR/profile.json and write RUN_DIR/report.html")
     p.add_argument("--plot", metavar="FILE.png", help="stacked step-time bar + predicted scaling curve")
     p.add_argument("--trace", metavar="DIR", help="write a torch.profiler Chrome trace of a few extra steps")
     p.add_argument("--bandwidth", help="interconnect bandwidth for scale-out predictions, e.g. 25GB/s "
@@ -66,6 +67,10 @@ def run(args) -> int:
         from trainfit.measure.profile_plot import plot_profile
 
         report["plot"] = plot_profile(report, args.plot)
+    if args.report:
+        from trainfit.commands.report import save_and_report
+
+        save_and_report(cfg.run_dir, "profile.json", report, report=True)
     if args.json:
         print(json.dumps(report))
     else:

@@ -21,6 +21,7 @@ def register(sub) -> None:
     add_run_flags(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
+    p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html (trainfit report)")
     p.add_argument("--nproc", type=int, help="launch N processes on this machine with torch.distributed.run")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="with --nproc: restart all workers up to N times after a failure (they resume)")
@@ -47,6 +48,10 @@ def run(args) -> int:
         pg.destroy()
     if summary is None:
         return 0
+    if args.report:
+        from trainfit.commands.report import run_report
+
+        run_report(cfg.run_dir)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -61,6 +61,8 @@ class RunArtifacts:
     profile: list[dict] = field(default_factory=list)
     plan: list[dict] = field(default_factory=list)
     verify: list[dict] = field(default_factory=list)
+    train_time: dict[str, float] = field(default_factory=dict)
+    """Median seconds per phase over the logged training steps (from metrics.jsonl)."""
     notes: list[str] = field(default_factory=list)
     """Files that were present but unreadable, said once each."""
 
@@ -81,6 +83,24 @@ def loss_series(rows: list[dict]) -> LossSeries:
     return LossSeries(steps=steps, loss=loss, loss_scale=scale, skipped=skipped)
 
 
+def train_time_parts(rows: list[dict]) -> dict[str, float]:
+    """Median seconds per phase of the steps train logged (the first step, with its warm-up, left out)."""
+    rows = [r for r in rows if isinstance(r.get("forward_s"), (int, float))][1:] or rows[:1]
+    if not rows or not isinstance(rows[0].get("forward_s"), (int, float)):
+        return {}
+
+    def med(key: str, extra: str = "") -> float:
+        vals = sorted(float(r.get(key, 0.0) or 0.0) + float(r.get(extra, 0.0) or 0.0) if extra else
+                      float(r.get(key, 0.0) or 0.0) for r in rows)
+        n = len(vals)
+        return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+
+    out = {"data_wait": med("data_wait_s"), "forward": med("forward_s"),
+           "backward": med("backward_s", "backward_sync_s"), "optimizer": med("optimizer_s")}
+    out["rest"] = max(0.0, med("step_s") - sum(out.values()))
+    return out
+
+
 def memory_parts(report: dict) -> dict[str, int]:
     """The parts' bytes of one memory report (``params_bytes``... or a ``parts`` mapping)."""
     parts = report.get("parts")
@@ -97,7 +117,7 @@ def memory_label(report: dict, index: int) -> str:
 
 def time_parts(profile: dict) -> dict[str, float]:
     """Median seconds per phase of one profile (keys ``forward_s`` or ``forward``, float or spread dict)."""
-    src = next((profile[k] for k in ("breakdown", "phases", "step_time") if isinstance(profile.get(k), dict)), profile)
+    src = next((profile[k] for k in ("parts", "breakdown", "phases", "step_time") if isinstance(profile.get(k), dict)), profile)
     out = {}
     for p in TIME_PARTS:
         v = src.get(f"{p}_s", src.get(p))
@@ -115,6 +135,8 @@ def advice_items(art: RunArtifacts) -> list[tuple[str, str]]:
         for d in docs:
             for a in d.get("advice", []) or []:
                 items.append((src, a.get("text", str(a)) if isinstance(a, dict) else str(a)))
+            if src == "plan":
+                items.extend((src, str(n)) for n in d.get("notes", []) or [])
             if src == "memory":
                 if d.get("lever") and d.get("dominant_part"):
                     items.append((src, f"{d['dominant_part']} dominate the peak; lever: {d['lever']}"))
@@ -156,7 +178,7 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
     """Read whatever the run directory holds (see the module docstring)."""
     root = Path(run_dir)
     notes: list[str] = []
-    loss = None
+    loss, train_time = None, {}
     metrics = root / METRICS
     if metrics.exists():
         rows = []
@@ -170,9 +192,10 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
             except (ValueError, KeyError, TypeError):  # a line cut short by a crash
                 notes.append(f"{METRICS} line {i}: not a metrics record; skipped")
         loss = loss_series(rows) if rows else None
+        train_time = train_time_parts(rows)
     cfg = root / "config.toml"
     return RunArtifacts(
         run_dir=str(root), config=cfg.read_text() if cfg.exists() else "", loss=loss,
         memory=_docs(root / MEMORY, notes), profile=_docs(root / PROFILE, notes), plan=_docs(root / PLAN, notes),
-        verify=_docs(root / VERIFY, notes), notes=notes,
+        verify=_docs(root / VERIFY, notes), train_time=train_time, notes=notes,
     )

@@ -21,9 +21,9 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:60
 color:#222;line-height:1.45}
 h1{font-size:1.5rem}h2{font-size:1.15rem;border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}td,th{border:1px solid #ddd;padding:.2rem .5rem;
-text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+text-align:left;vertical-align:top;white-space:nowrap}td ul{white-space:normal;min-width:20rem;margin:0;padding-left:1rem}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:.5rem 0}img.chart{max-width:100%;height:auto}figcaption{font-size:.8rem;color:#555}
-pre{background:#f7f7f7;padding:.5rem;font-size:.8rem;overflow:auto}.note{color:#8a5a00}
+.wide{overflow-x:auto}pre{background:#f7f7f7;padding:.5rem;font-size:.8rem;overflow:auto}.note{color:#8a5a00}
 """
 
 
@@ -51,7 +51,7 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
         "<tr>" + "".join(f'<td class="num">{_num(c)}</td>' if isinstance(c, (int, float)) and not isinstance(c, bool)
                          else f"<td>{c if isinstance(c, _Raw) else _e(c)}</td>" for c in r) + "</tr>"
         for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 class _Raw(str):
@@ -98,9 +98,11 @@ def _memory_section(art: RunArtifacts) -> str:
 def _time_section(art: RunArtifacts) -> str:
     profs = [(i, p, time_parts(p)) for i, p in enumerate(art.profile)]
     profs = [x for x in profs if x[2]]
+    if art.train_time:  # train logs its phases too: shown beside (or instead of) a profile
+        profs.append((len(profs), {"label": "train (metrics.jsonl)"}, art.train_time))
     if not profs:
         return ""
-    labels = [str(p.get("label") or p.get("precision") or p.get("strategy") or f"profile {i + 1}") for i, p, _ in profs]
+    labels = [str(p.get("label") or f"profile {i + 1}") for i, p, _ in profs]
     parts = [t for _, _, t in profs]
     rows = []
     for lab, (_, p, t) in zip(labels, profs):
@@ -128,13 +130,18 @@ def _reasons(v: object) -> _Raw:
     return _Raw(_e(v if v is not None else ""))
 
 
+def _mib(col: str, v: object) -> object:
+    return v / 2**20 if "bytes" in col and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
 def _plan_section(art: RunArtifacts) -> str:
     out = []
     for doc in art.plan:
         rows = plan_rows(doc)
         cols = _scalar_columns(rows)
-        out.append(_table(cols + ["reasons"], [[r.get(c, "") for c in cols] + [_reasons(r.get("reasons"))]
-                                               for r in rows]))
+        header = [c.replace("bytes", "MiB") for c in cols] + ["reasons"]
+        out.append(_table(header, [[_mib(c, r.get(c, "")) for c in cols] + [_reasons(r.get("reasons"))]
+                                   for r in rows]))
     return "<h2>Plan</h2>\n" + "\n".join(out) if out else ""
 
 

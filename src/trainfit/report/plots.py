@@ -91,7 +91,7 @@ def memory_png(labels: list[str], parts: list[dict[str, int]], peaks: list[int |
     ax.invert_yaxis()
     ax.set_xlabel("MiB (largest live bytes of each part during one step)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return _png(fig)
 
 
@@ -110,5 +110,5 @@ def time_png(labels: list[str], parts: list[dict[str, float]]) -> bytes:
     ax.invert_yaxis()
     ax.set_xlabel("ms per optimizer step (median)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, ncol=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return _png(fig)
