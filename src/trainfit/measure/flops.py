@@ -57,11 +57,14 @@ class FlopCounter:
         block_names: the task's ``block_names(model)``.
         loss_fn: the task's ``loss(model, batch)``.
         policy: the run's activation checkpointing policy.
+        max_counts: distinct batch shapes to count at most (each count runs the model once on
+            meta, ~0.1-0.5 s for a small model on a loaded CPU); steps needing more are not counted.
     """
 
     def __init__(self, *, build_model: Callable[[], nn.Module], block_names: Callable[[nn.Module], list[str]],
-                 loss_fn: Callable, policy: CheckpointPolicy) -> None:
+                 loss_fn: Callable, policy: CheckpointPolicy, max_counts: int = 8) -> None:
         self.build_model, self.block_names, self.loss_fn, self.policy = build_model, block_names, loss_fn, policy
+        self.max_counts = max_counts
         self.device = torch.device("meta")
         self._models: dict[bool, nn.Module] = {}
         self._cache: dict[tuple, tuple[int, int]] = {}
@@ -97,8 +100,11 @@ class FlopCounter:
                 self._cache[key] = self._count(batch)
         return self._cache[key]
 
-    def step(self, micro_batches: list) -> StepFlops:
-        """FLOPs of one optimizer step over ``micro_batches``."""
+    def step(self, micro_batches: list) -> StepFlops | None:
+        """FLOPs of one optimizer step over ``micro_batches``; None when that would exceed ``max_counts``."""
+        new = {_shape_key(mb) for mb in micro_batches} - set(self._cache)
+        if len(self._cache) + len(new) > self.max_counts:
+            return None
         counts = [self.micro_batch(mb) for mb in micro_batches]
         return StepFlops(model_flops=sum(c[0] for c in counts), hardware_flops=sum(c[1] for c in counts),
                          counted_on=self.device.type)

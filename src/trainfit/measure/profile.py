@@ -123,8 +123,8 @@ def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | Non
                "comm_exposed_s": ph.get("comm", 0.0) + hidden_sync, "step_s": t2 - t0,
                "count": res.count / st.world_size, "samples": sum(_batch_len(mb) for mb in host)}
         row["rest_s"] = max(0.0, row["step_s"] - sum(row[k] for k in PARTS[:-2]))
-        if flops is not None:  # outside the timed window; cached by shape
-            f = flops.step(host)
+        f = flops.step(host) if flops is not None else None  # outside the timed window; cached by shape
+        if f is not None:
             row["model_flops"], row["hardware_flops"] = f.model_flops, f.hardware_flops
         rows.append(row)
     return rows
@@ -244,8 +244,12 @@ def _fit_micro_batch(run, m: int, max_micro_batch: int = 1024) -> tuple[int | No
                        f"{run.strategy.device.type} (set memory_cap to find the largest that fits)")
     limit = min(max_micro_batch, len(run.task.dataset()))
 
+    # Two micro-batches show the peak of accumulation (grads held while the next backward runs);
+    # more would only repeat it, at the cost of a tracked step each.
+    cfg = dataclasses.replace(run.cfg, accumulation=min(run.cfg.accumulation, 2))
+
     def peak(b: int) -> int:
-        return measure_memory(run.cfg, batch=b, run=run).peak_bytes
+        return measure_memory(cfg, batch=b, run=run).peak_bytes
 
     p1, p2 = peak(m), peak(2 * m)
     per_sample = max((p2 - p1) / m, 1.0)
@@ -275,10 +279,12 @@ def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
     total_s = sum(r["step_s"] for r in rows)
     frac = {k: sum(r[k] for r in rows) / total_s for k in PARTS}
     peak, dtype, peak_source = _peak(run)
-    model_flops = statistics.median(r["model_flops"] for r in rows)
-    hw_flops = statistics.median(r["hardware_flops"] for r in rows)
-    achieved = sum(r["model_flops"] for r in rows) / total_s
-    achieved_hw = sum(r["hardware_flops"] for r in rows) / total_s
+    counted = [r for r in rows if "model_flops" in r]  # steps whose every batch shape was counted
+    model_flops = statistics.median(r["model_flops"] for r in counted)
+    hw_flops = statistics.median(r["hardware_flops"] for r in counted)
+    counted_s = sum(r["step_s"] for r in counted)
+    achieved = sum(r["model_flops"] for r in counted) / counted_s
+    achieved_hw = sum(r["hardware_flops"] for r in counted) / counted_s
     busy, trace = (None, None)
     if st.device.type == "cuda" or options.trace_dir:
         busy, trace = _cuda_busy(run, batches, min(3, options.steps), options.trace_dir)
@@ -311,7 +317,7 @@ def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
         "bottleneck": bottleneck, "advice": advice,
         "unit": unit, "per_device": True, "parts": parts, "fractions": frac,
         "model_flops_per_step": model_flops, "hardware_flops_per_step": hw_flops,
-        "flops_counted_on": flops.device.type, "peak_flops": peak, "peak_dtype": dtype, "peak_source": peak_source,
+        "flops_counted_on": flops.device.type, "flops_steps": len(counted), "peak_flops": peak, "peak_dtype": dtype, "peak_source": peak_source,
         "batch_probe": {"micro_batch": cfg.micro_batch, "gain": gain,
                         "rates_per_s": list(rates) if rates else None, "note": probe_note,
                         "suggested_micro_batch": suggested, "fit": fit_note},

@@ -1,0 +1,60 @@
+"""Phase timers: exclusive nesting, and timing does not change the step."""
+
+import time
+
+import torch
+
+from trainfit.engine import optimizer_step
+from trainfit.levers.precision import make_precision
+from trainfit.measure.timers import NULL_TIMER, PhaseTimer
+
+
+def test_nested_phase_is_subtracted_from_its_parent():
+    timer = PhaseTimer("cpu")
+    t0 = time.perf_counter()
+    with timer.phase("optimizer"):
+        time.sleep(0.02)
+        with timer.phase("comm"):
+            time.sleep(0.03)
+    wall = time.perf_counter() - t0
+    got = timer.collect()
+    assert got["optimizer"] + got["comm"] == __import__("pytest").approx(wall, abs=2e-3)
+    assert got["comm"] >= 0.03 and got["optimizer"] >= 0.02
+    assert got["optimizer"] < got["comm"]  # 0.02 (+noise) vs 0.03 (+noise): the child was subtracted
+    assert timer.collect() == {}  # collect resets
+
+
+def test_repeated_phases_add_up():
+    timer = PhaseTimer("cpu")
+    for _ in range(3):
+        with timer.phase("forward"):
+            time.sleep(0.005)
+    assert timer.collect()["forward"] >= 0.015
+
+
+def _step(timer):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    prec = make_precision("fp32")
+    prec.prepare(model)
+    mbs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    kw = dict(model=model, optimizer=opt, precision=prec, micro_batches=mbs,
+              loss_fn=lambda m, x: (m(x).pow(2).sum(), x.shape[0]), count_fn=lambda x: x.shape[0], grad_clip=1.0)
+    res = optimizer_step(**kw) if timer is None else optimizer_step(timer=timer, **kw)
+    return res, [p.detach().clone() for p in model.parameters()]
+
+
+def test_timed_step_is_bitwise_the_untimed_step():
+    plain, p_plain = _step(None)
+    timer = PhaseTimer("cpu")
+    timed, p_timed = _step(timer)
+    assert plain == timed
+    assert all(torch.equal(a, b) for a, b in zip(p_plain, p_timed))
+    phases = timer.collect()
+    assert set(phases) == {"forward", "backward", "backward_sync", "optimizer"}
+    assert all(v > 0 for v in phases.values())
+
+
+def test_null_timer_is_one_shared_no_op():
+    assert NULL_TIMER.phase("a") is NULL_TIMER.phase("b")

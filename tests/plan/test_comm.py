@@ -1,0 +1,91 @@
+"""The communication model against hand calculations (pure, no process group)."""
+
+import pytest
+
+from trainfit.plan import comm
+
+G = 100e6  # gradient bytes of a 25M-parameter fp32 model
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 64])
+def test_ddp_is_a_ring_all_reduce(n):
+    assert comm.bytes_per_step("ddp", n=n, grad_bytes=G) == pytest.approx(2 * (n - 1) / n * G)
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_zero_stages_against_zero_paper(n):
+    ddp = comm.bytes_per_step("ddp", n=n, grad_bytes=G)
+    # Stage 1/2: reduce-scatter grads + all-gather params = DDP's volume (2 psi).
+    assert comm.bytes_per_step("zero1", n=n, grad_bytes=G) == pytest.approx(ddp)
+    assert comm.bytes_per_step("zero2", n=n, grad_bytes=G) == pytest.approx(ddp)
+    # Stage 3: params gathered twice + grads reduce-scattered = 3 psi = 1.5x DDP.
+    assert comm.bytes_per_step("zero3", n=n, grad_bytes=G) == pytest.approx(1.5 * ddp)
+
+
+def test_accumulation_and_per_micro_batch_sync():
+    n, k, p = 4, 3, 50e6  # bf16 params gathered, fp32 grads reduced
+    f = (n - 1) / n
+    # ZeRO-3 gathers params in every micro-batch's forward and backward; grads once (deferred).
+    assert comm.bytes_per_step("zero3", n=n, grad_bytes=G, param_bytes=p, accumulation=k) == pytest.approx(
+        2 * k * f * p + f * G)
+    assert comm.bytes_per_step("zero3", n=n, grad_bytes=G, param_bytes=p, accumulation=k,
+                               per_micro_batch=True) == pytest.approx(2 * k * f * p + k * f * G)
+    assert comm.bytes_per_step("zero2", n=n, grad_bytes=G, param_bytes=p, accumulation=k,
+                               per_micro_batch=True) == pytest.approx(k * f * G + f * p)
+    # DDP ignores per_micro_batch (no_sync is its deferral); one all-reduce per step.
+    assert comm.bytes_per_step("ddp", n=n, grad_bytes=G, accumulation=k, per_micro_batch=True) == pytest.approx(
+        2 * f * G)
+
+
+def test_seconds_latency_plus_bandwidth():
+    # ring all-reduce on 4 devices: 2*(4-1) = 6 latency steps, 1.5 G bytes.
+    t = comm.comm_seconds("ddp", n=4, grad_bytes=G, bandwidth_bytes_per_s=10e9, latency_s=1e-4)
+    assert t == pytest.approx(6 * 1e-4 + 1.5 * G / 10e9)
+
+
+def test_predict_speedup_and_overlap():
+    kw = dict(compute_s=0.2, grad_bytes=G, bandwidth_bytes_per_s=1e9)
+    p = comm.predict("ddp", n=2, **kw)
+    comm_s = G / 1e9  # 2*(1/2)*G bytes at 1 GB/s
+    assert p.step_s == pytest.approx(0.2 + comm_s)
+    assert p.speedup == pytest.approx(2 * 0.2 / (0.2 + comm_s))
+    assert p.efficiency == pytest.approx(p.speedup / 2)
+    hidden = comm.predict("ddp", n=2, backward_s=0.08, overlap=1.0, **kw)
+    assert hidden.exposed_comm_s == pytest.approx(comm_s - 0.08)
+    one = comm.predict("ddp", n=1, **kw)
+    assert (one.speedup, one.comm_s) == (1.0, 0.0)
+
+
+def test_comm_dominates_beyond_matches_hand_crossover():
+    # Latency only: comm(n) = 2(n-1) * 0.01 s exceeds compute 1 s once n - 1 > 50.
+    kw = dict(compute_s=1.0, grad_bytes=0.0, bandwidth_bytes_per_s=1e9, latency_s=0.01)
+    assert comm.comm_dominates_beyond("ddp", **kw) == 52
+    # Bandwidth only: comm tends to 2G/bw = 0.2 s < 1 s: never dominates.
+    assert comm.comm_dominates_beyond("ddp", compute_s=1.0, grad_bytes=G, bandwidth_bytes_per_s=1e9) is None
+    # Already dominated at 2 devices.
+    assert comm.comm_dominates_beyond("ddp", compute_s=0.01, grad_bytes=G, bandwidth_bytes_per_s=1e9) == 2
+
+
+def test_every_row_has_a_source_and_formula():
+    assert set(comm.TRAFFIC) == set(comm.STRATEGIES)
+    for row in comm.TRAFFIC.values():
+        assert row.source and row.formula and row.collectives
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(strategy="tp", n=2), "strategy"),
+    (dict(strategy="ddp", n=0), "n=0"),
+    (dict(strategy="ddp", n=2, accumulation=0), "accumulation"),
+])
+def test_bad_input_names_the_field(kw, word):
+    with pytest.raises(ValueError, match=word):
+        comm.bytes_per_step(kw.pop("strategy"), grad_bytes=G, **kw)
+
+
+def test_bad_prediction_input():
+    with pytest.raises(ValueError, match="overlap"):
+        comm.predict("ddp", n=2, compute_s=1.0, grad_bytes=G, bandwidth_bytes_per_s=1e9, overlap=2.0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        comm.comm_seconds("ddp", n=2, grad_bytes=G, bandwidth_bytes_per_s=0.0)
+    with pytest.raises(ValueError, match="compute_s"):
+        comm.predict("ddp", n=2, compute_s=0.0, grad_bytes=G, bandwidth_bytes_per_s=1e9)
