@@ -81,10 +81,12 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
         raise ValueError(f"reports need two different batches, got {r1.batch} and {r2.batch}")
 
     def split(r):
-        parts = r.peak_parts
+        # The forward/backward peak (at micro-batch 1 the optimizer step may be the overall peak).
+        phase = max(("forward", "backward"), key=lambda ph: r.phases.get(ph, {}).get("peak", 0))
+        parts = r.phases[phase]
         state = r.params_bytes + parts.get("grads", 0) + r.optimizer_bytes
         act = parts.get("activations", 0)
-        return act, r.peak_bytes - state - act, parts.get("grads", 0)
+        return act, parts["peak"] - state - act, parts.get("grads", 0)
 
     (a1, t1, g1), (a2, t2, g2) = split(r1), split(r2)
     db = r2.batch - r1.batch
@@ -93,7 +95,7 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
     _, _, _, cb = PRECISION_BYTES[r2.precision]
     return Basis(
         precision=r2.precision, checkpointing=r2.checkpointing, n_params=r2.n_params, n_blocks=n_blocks,
-        params_bytes=r2.params_bytes, grads_bytes=r2.grads_bytes, grads_at_peak_bytes=max(g2, 1.0),
+        params_bytes=r2.params_bytes, grads_bytes=r2.grads_bytes, grads_at_peak_bytes=g2,
         optimizer_bytes=r2.optimizer_bytes, compute_bytes_per_param=cb,
         act_fixed_bytes=a2 - act_ps * r2.batch, act_per_sample_bytes=act_ps,
         temp_fixed_bytes=t2 - temp_ps * r2.batch, temp_per_sample_bytes=temp_ps,

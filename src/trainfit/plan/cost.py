@@ -100,25 +100,28 @@ def memory(b: Basis, c: Candidate) -> Memory:
     sharded, _ = SHARDING[c.strategy]
     n = c.n
     params, opt = b.params_bytes, b.optimizer_bytes
-    grads = b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes
     block_compute = b.n_params / max(b.n_blocks, 1) * b.compute_bytes_per_param
     if "optimizer" in sharded:
         opt /= n
-    if c.strategy == "ddp":
-        grads *= 2  # the buckets
-    if "grads" in sharded:
+
+    def per_device_grads(whole: float) -> float:
+        if c.strategy == "ddp":
+            return 2 * whole  # the buckets
         # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
-        keep_whole = c.accumulation > 1 and c.grad_sync == "deferred"
-        grads = grads if keep_whole else grads / n + block_compute / b.compute_bytes_per_param * 4
+        if "grads" in sharded and not (c.accumulation > 1 and c.grad_sync == "deferred"):
+            return whole / n + block_compute / b.compute_bytes_per_param * 4  # + one block's, unsharded
+        return whole
+
+    # With one micro-batch only the gradients produced so far are live at the backward peak.
+    grads = per_device_grads(b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes)
+    step_grads = per_device_grads(b.grads_bytes)
     if c.strategy == "zero2":
         params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
     if c.strategy == "zero3":
         params = params / n + 2 * block_compute  # the gathered block and the prefetched next one
     act = b.act_fixed_bytes + b.act_per_sample_bytes * c.micro_batch
     temp = b.temp_fixed_bytes + b.temp_per_sample_bytes * c.micro_batch
-    state = params + grads + opt
-    full_grads = grads * b.grads_bytes / max(b.grads_at_peak_bytes, 1.0)  # what the step itself holds
-    peak = max(state + act + temp, state - grads + full_grads + b.step_temp_bytes)
+    peak = max(params + grads + opt + act + temp, params + step_grads + opt + b.step_temp_bytes)
     return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
                   temporaries_bytes=temp, peak_bytes=peak)
 

@@ -15,6 +15,8 @@ from trainfit.plan.devices import DeviceRow
 from trainfit.plan.shapes import shape_of
 
 BASIS_SOURCES = ("auto", "analytic", "estimate", "measure")
+BASIS_BATCHES = (2, 4)
+"""Micro-batches the two memory reports of a basis are taken at."""
 
 
 def _report_fn(source: str):
@@ -31,7 +33,7 @@ def _report_fn(source: str):
 
 
 def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -> Basis:
-    """Basis from two memory reports (micro-batch 1 and 2) plus FLOPs counted on the meta device."""
+    """Basis from two memory reports (micro-batches BASIS_BATCHES) plus FLOPs counted on the meta device."""
     from trainfit.config import make_config
     from trainfit.measure.flops import FlopCounter
     from trainfit.measure.memory import example_batch
@@ -40,7 +42,9 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
     cfg = make_config({"precision": precision, "checkpointing": checkpointing, "micro_batch": 1,
                        "accumulation": 1, "strategy": "single"}, base=base_cfg)
     rep = _report_fn(source)
-    r1, r2 = rep(cfg, 1), rep(cfg, 2)
+    # Two micro-batches large enough that activations dominate the forward/backward peak: at 1
+    # the peak can sit at a different moment (late in backward), which a line through it misses.
+    r1, r2 = rep(cfg, BASIS_BATCHES[0]), rep(cfg, BASIS_BATCHES[1])
     task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
                      dataset_size=cfg.dataset_size)
     counter = FlopCounter(build_model=task.build_model, block_names=task.block_names, loss_fn=task.loss,

@@ -1,0 +1,64 @@
+"""trainfit plan: JSON keys, --write runs under trainfit train, memory prediction vs measurement."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from trainfit.cli import main
+from trainfit.config import load_toml, make_config
+
+KEYS = {"precision", "micro_batch", "accumulation", "checkpointing", "strategy", "peak_bytes_per_device", "step_s",
+        "scaling_efficiency", "fits", "reasons"}
+TINY = "n_layer=2,d_model=32,n_head=2"
+
+
+def test_json_keys_and_write_runs(capsys, tmp_path):
+    plan = tmp_path / "PLAN.toml"
+    args = ["plan", "--model", "gpt-tiny", "--model-config", TINY, "--global-batch", "8", "--seq", "32",
+            "--device-memory", "64MiB", "--devices", "1", "--device", "cpu", "--top", "5", "--json",
+            "--write", str(plan)]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["plans"]) == 5 and all(KEYS <= set(e) for e in out["plans"])
+    best = out["plans"][0]
+    assert best["fits"] and best["micro_batch"] * best["accumulation"] == 8
+    cfg = make_config(load_toml(plan))
+    assert (cfg.precision, cfg.micro_batch, cfg.accumulation, cfg.strategy) == \
+        (best["precision"], best["micro_batch"], best["accumulation"], best["strategy"])
+    from trainfit.train import train
+
+    summary = train(dataclasses.replace(cfg, steps=1, run_dir=str(tmp_path / "run")), progress=False)
+    assert summary.steps == 1 and summary.effective_batch == 8
+
+
+def test_bad_inputs_one_line(capsys):
+    assert main(["plan", "--global-batch", "30", "--devices", "4", "--device-memory", "1GiB", "--device", "cpu",
+                 "--bandwidth-intra", "1GB/s"]) == 2
+    err = capsys.readouterr().err
+    assert "nearest valid global batches: 28 or 32" in err and err.count("\n") == 1
+    assert main(["plan", "--global-batch", "8", "--device-memory", "80GiB", "--device", "tpu9"]) == 2
+    assert "device='tpu9'" in capsys.readouterr().err
+    assert main(["plan", "--model", "llama-70b", "--global-batch", "8", "--seq", "4096", "--device-memory", "80GiB",
+                 "--devices", "8", "--device", "h100", "--write", "x.toml"]) == 2
+    assert "nothing fits" in capsys.readouterr().err
+
+
+def test_predicted_peak_matches_measured_within_5_percent():
+    """Basis measured at micro-batches 2 and 4; predicted at 3 and at 6 x accumulation 2 vs fresh measurements."""
+    from trainfit.measure.memory import measure_memory
+    from trainfit.plan.cost import Candidate, memory
+    from trainfit.plan.sources import report_basis
+
+    base = make_config({"model_config": TINY, "seq_len": 32})
+    for precision, ckpt in [("fp32", "none"), ("bf16-mixed", "full")]:
+        b = report_basis(base, precision, ckpt, source="measure")
+        for mb, acc in ([(3, 1), (6, 2)] if precision == "fp32" else [(6, 2)]):
+            c = Candidate(precision=precision, micro_batch=mb, accumulation=acc, checkpointing=ckpt,
+                          strategy="single", grad_sync="deferred", n=1)
+            cfg = make_config({"precision": precision, "checkpointing": ckpt, "micro_batch": mb,
+                               "accumulation": acc}, base=base)
+            measured = measure_memory(cfg).peak_bytes
+            assert memory(b, c).peak_bytes == pytest.approx(measured, rel=0.05), (precision, ckpt, mb, acc)

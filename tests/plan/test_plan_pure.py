@@ -1,0 +1,134 @@
+"""The planner's pure core against hand calculations and real parameter counts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from trainfit.errors import ConfigError, TrainfitError
+from trainfit.plan.basis import analytic_basis
+from trainfit.plan.cost import Basis, Candidate, Links, memory, step_time
+from trainfit.plan.rules import RULES, Context, broken_rules
+from trainfit.plan.search import SearchSpace, search
+from trainfit.plan.shapes import shape_of
+
+
+def basis(**kw) -> Basis:
+    base = dict(precision="fp32", checkpointing="none", n_params=1000, n_blocks=4, params_bytes=4000.0,
+                grads_bytes=4000.0, grads_at_peak_bytes=4000.0, optimizer_bytes=8000.0, compute_bytes_per_param=4.0,
+                act_fixed_bytes=100.0, act_per_sample_bytes=1000.0, temp_fixed_bytes=0.0, temp_per_sample_bytes=50.0,
+                step_temp_bytes=0.0, model_flops_per_sample=6e6, hardware_flops_per_sample=6e6,
+                grad_comm_bytes=4000.0, param_comm_bytes=4000.0, source="test")
+    base.update(kw)
+    return Basis(**base)
+
+
+def cand(**kw) -> Candidate:
+    base = dict(precision="fp32", micro_batch=2, accumulation=1, checkpointing="none", strategy="single",
+                grad_sync="deferred", n=1)
+    base.update(kw)
+    return Candidate(**base)
+
+
+def test_gpt_shape_counts_the_real_model_parameters():
+    from trainfit.tasks import make_task
+
+    for name, cfg in [("gpt-tiny", ""), ("gpt-tiny", "n_layer=3,d_model=48,n_head=4"), ("gpt-small", "")]:
+        task = make_task(name, model_config=cfg, seq_len=64)
+        with torch.device("meta"):
+            real = sum(p.numel() for p in task.build_model().parameters())
+        assert shape_of(name, cfg, seq_len=64).n_params == real
+
+
+@pytest.mark.hf
+def test_llama_shape_counts_transformers_parameters():
+    transformers = pytest.importorskip("transformers")
+    conf = dict(vocab_size=300, num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=96, tie_word_embeddings=False)
+    with torch.device("meta"):
+        real = sum(p.numel() for p in transformers.LlamaForCausalLM(transformers.LlamaConfig(**conf)).parameters())
+    spec = ",".join(f"{k}={v}" for k, v in conf.items() if k != "tie_word_embeddings")
+    assert shape_of("hf:LlamaForCausalLM", spec).n_params == real
+
+
+def test_memory_per_strategy_by_hand():
+    b = basis()
+    # single: 4000 + 4000 + 8000 state, activations 100 + 2*1000, temporaries 2*50
+    assert memory(b, cand()).peak_bytes == 16000 + 2100 + 100
+    # ddp: the buckets double the gradients
+    assert memory(b, cand(strategy="ddp", n=4)).grads_bytes == 8000
+    # zero1: optimizer / 4
+    assert memory(b, cand(strategy="zero1", n=4)).optimizer_bytes == 2000
+    # zero3 per-micro-batch: params / 4 + two gathered blocks (2 x 250 params x 4 B); grads / 4 + one block's
+    m = memory(b, cand(strategy="zero3", n=4, accumulation=2, grad_sync="per-micro-batch"))
+    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000 + 1000 and m.optimizer_bytes == 2000
+    # zero3 deferred with accumulation keeps whole gradients
+    assert memory(b, cand(strategy="zero3", n=4, accumulation=2)).grads_bytes == 4000
+
+
+def test_step_time_by_hand():
+    b = basis(hardware_flops_per_sample=9e6)  # 3e6 recompute
+    links = Links(flops_per_s=1e9, bandwidth_bytes_per_s=1e6, overlap=0.0)
+    t = step_time(b, cand(micro_batch=2, accumulation=3), links)
+    assert t.compute_s == pytest.approx(6 * 9e6 / 1e9) and t.recompute_s == pytest.approx(6 * 3e6 / 1e9)
+    t = step_time(b, cand(strategy="ddp", n=4), links)  # ring all-reduce: 2 * 3/4 * 4000 B at 1 MB/s
+    assert t.comm_s == pytest.approx(2 * 0.75 * 4000 / 1e6)
+    assert t.step_s == pytest.approx(t.compute_s + t.comm_s)
+    assert t.scaling_efficiency == pytest.approx(t.compute_s / t.step_s)
+
+
+def test_rules_table_shape_and_checks():
+    assert all(r.lever and r.requirement and r.reason for r in RULES)
+    ctx = Context(devices=4, dtypes=("fp32", "fp16"))
+    reasons = [r.lever for r in broken_rules(cand(strategy="single", precision="bf16-mixed", n=4), ctx)]
+    assert "strategy=single" in reasons and "precision=bf16-*" in reasons
+    assert broken_rules(cand(strategy="zero3", precision="bf16-true", n=4), Context(devices=4, dtypes=("bf16",)))
+    assert not broken_rules(cand(strategy="zero2", precision="fp16-mixed", n=4), ctx)
+
+
+def _search(**kw):
+    shape = shape_of("gpt-tiny", "", seq_len=64)
+    space = SearchSpace(**{"global_batch": 16, "devices": 2, "memory_bytes": 2**30, **kw})
+    return search(space, ctx=Context(devices=space.devices, dtypes=("fp32", "bf16", "fp16")),
+                  basis=lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=64),
+                  links=lambda p: Links(flops_per_s=1e11, bandwidth_bytes_per_s=1e9))
+
+
+def test_global_batch_never_changed():
+    res = _search(global_batch=24, devices=4)
+    assert res.entries and all(e.micro_batch * e.accumulation * 4 == 24 for e in res.entries)
+    assert all(e.strategy != "single" for e in res.entries)  # rule: single needs 1 device
+    with pytest.raises(ConfigError, match="nearest valid global batches: 28 or 32"):
+        _search(global_batch=30, devices=4)
+
+
+def test_nothing_fits_names_the_part_alone():
+    res = _search(memory_bytes=2 * 2**20)  # gpt-tiny's fp32 params alone are ~13 MiB
+    assert res.best is None and not any(e.fits for e in res.entries)
+    assert "alone needs" in res.notes[0] and "params" in res.notes[0]
+
+
+def test_fitting_plans_respect_budget_and_rank_by_time():
+    res = _search(memory_bytes=60 * 2**20)
+    fits = [e for e in res.entries if e.fits]
+    assert fits and all(e.peak_bytes_per_device <= 0.9 * 60 * 2**20 for e in fits)
+    assert fits[0].step_s <= min(e.step_s for e in fits) * 1.001  # ties within 0.1% go to the larger micro-batch
+    assert all(not e.fits for e in res.entries[len(fits):])
+
+
+def test_paper_scale_70b_on_1024_h100_in_seconds(capsys):
+    from trainfit.cli import main
+
+    t0 = time.perf_counter()
+    assert main(["plan", "--model", "llama-70b", "--global-batch", "1024", "--seq", "4096", "--device-memory", "80GiB",
+                 "--devices", "1024", "--nodes", "128", "--device", "h100", "--json"]) == 0
+    assert time.perf_counter() - t0 < 10
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    best = out["plans"][0]
+    assert best["fits"] and best["strategy"] == "zero3"  # 70B of model state needs sharding
+    assert best["peak_bytes_per_device"] <= 0.9 * 80 * 2**30
+    assert any("interconnect decides" in n for n in out["notes"])
