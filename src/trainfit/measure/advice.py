@@ -79,6 +79,10 @@ def _input_advice(f: Findings) -> list[dict]:
         f"store samples in a format read in one operation (a memory-mapped array or packed shards, "
         f"not one file per sample); {share}",
     ]
+    if f.loader_workers > 0:
+        items.append(f"with workers on a busy host, each batch's tensors are handed over by file descriptor, "
+                     f"which waits for the worker to be scheduled; torch.multiprocessing.set_sharing_strategy("
+                     f"'file_system') avoids that round trip; {share}")
     return [{"kind": "input", "text": s, "data_wait_frac": f.data_wait_frac} for s in items]
 
 
