@@ -24,6 +24,7 @@ from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
 from trainfit.levers.precision import Precision, make_precision
 from trainfit.measure.timers import PhaseTimer
+from trainfit.plan.autofit import Fitter, resolve_auto
 from trainfit.strategies import fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import has_checkpoints, resume_sharded
 from trainfit.tasks import Task, make_task
@@ -128,6 +129,8 @@ def _progress(total: int, initial: int, enabled: bool):
 
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy=None) -> Summary:
     strategy = strategy or make_strategy(cfg)
+    auto = cfg.micro_batch == "auto"
+    cfg = resolve_auto(cfg, strategy.world_size)  # "auto" -> the starting split; auto-fit shrinks it
     cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> accumulation per rank
     run = build_run(cfg, strategy=strategy)
     st = run.strategy
@@ -148,10 +151,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     if st.rank == 0:
         (run_dir / "config.toml").write_text(dump_toml(cfg))
 
-    loader = make_loader(run.task.dataset(), run.task.collate, start_step=start, micro_batch=cfg.micro_batch,
-                         accumulation=cfg.accumulation, rank=st.rank, world_size=st.world_size, seed=cfg.seed,
-                         workers=cfg.loader_workers)
-    batches = iter(loader)
+    fit = Fitter(run, start_step=start, auto=auto)  # owns the loader; re-cuts a step on out-of-memory
     metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
     first_loss = math.nan
@@ -163,12 +163,10 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     try:
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            mbs = [next(batches) for _ in range(cfg.accumulation)]  # blocks on the loader
+            mbs = fit.micro_batches()  # blocks on the loader
             t1 = time.perf_counter()
             mbs = [to_device(mb, st.device) for mb in mbs]
-            res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
-                                 micro_batches=mbs, loss_fn=run.task.loss, count_fn=run.task.count,
-                                 strategy=st, grad_clip=cfg.grad_clip, timer=timer)
+            res = fit.step(step, mbs, timer=timer)  # optimizer_step, under the memory cap if any
             phases = timer.collect()  # CUDA: one sync per step to read the events
             t2 = time.perf_counter()
             _check_health(cfg, run, res, consecutive_skips + (not res.stepped), step)
