@@ -45,6 +45,10 @@ def run(args) -> int:
     from trainfit.train import build_run
 
     cfg = config_from_args(args)  # validates --steps (>= 1) with the other flags
+    if args.plot:  # fail before profiling, not after
+        from trainfit.measure.profile_plot import check_plot_path
+
+        check_plot_path(args.plot)
     # A config file's steps is a training length; only --steps sets the profiled steps.
     options = ProfileOptions(steps=cfg.steps if args.steps is not None else DEFAULT_STEPS, warmup=args.warmup,
                              batch_probe=not args.no_batch_probe, overlap=args.overlap, trace_dir=args.trace,

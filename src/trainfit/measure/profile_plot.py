@@ -12,14 +12,18 @@ _PARTS = (("data_wait_s", "data wait"), ("h2d_s", "host-to-device"), ("forward_s
           ("rest_s", "rest"))
 
 
+def check_plot_path(path: str) -> None:
+    if not str(path).lower().endswith(".png"):
+        raise ConfigError("--plot", path, "a file name ending in .png")
+
+
 def plot_profile(report: dict, path: str) -> str:
     """Write a two-panel PNG to ``path``; returns the path.
 
     Raises:
         ConfigError: matplotlib is missing, or ``path`` does not end in .png.
     """
-    if not str(path).lower().endswith(".png"):
-        raise ConfigError("--plot", path, "a file name ending in .png")
+    check_plot_path(path)
     try:
         import matplotlib
 
@@ -41,10 +45,10 @@ def plot_profile(report: dict, path: str) -> str:
     sc = report.get("scaling") or {}
     curves = sc.get("curves") or {}
     if curves:
-        top = max(p["n"] for pts in curves.values() for p in pts)
+        top = max(p["n"] for c in curves.values() for p in c["points"])
         ax2.plot([1, top], [1, top], "k--", label="ideal")
-        for name, pts in curves.items():
-            ax2.plot([p["n"] for p in pts], [p["speedup"] for p in pts], marker="o", label=name)
+        for name, c in curves.items():
+            ax2.plot([p["n"] for p in c["points"]], [p["speedup"] for p in c["points"]], marker="o", label=name)
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log", base=2)
         ax2.set_xlabel("devices")

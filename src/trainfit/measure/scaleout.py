@@ -65,13 +65,14 @@ def scaling(run, opts, compute_s: float, backward_s: float) -> dict:
               backward_s=backward_s, overlap=opts.overlap, accumulation=run.cfg.accumulation,
               per_micro_batch=run.cfg.grad_sync == "per-micro-batch")
     for s in comm.STRATEGIES:
-        out["curves"][s] = [p.to_dict() for p in comm.scaling_curve(s, **kw)]
+        points = [{k: v for k, v in p.to_dict().items() if k != "source"} for p in comm.scaling_curve(s, **kw)]
+        out["curves"][s] = {"formula": comm.TRAFFIC[s].formula, "source": comm.TRAFFIC[s].source, "points": points}
     out["comm_dominates_beyond"] = comm.comm_dominates_beyond(strategy, **kw)
     return out
 
 
 def scaling_note(sc: dict) -> str:
-    pts = {p["n"]: p for p in sc["curves"].get(sc["strategy"], [])}
+    pts = {p["n"]: p for p in sc["curves"].get(sc["strategy"], {}).get("points", [])}
     if not pts:
         return ""
     parts = ", ".join(f"{n}: {pts[n]['speedup']:.2f}x ({pts[n]['efficiency']:.0%})" for n in (2, 4, 8) if n in pts)
