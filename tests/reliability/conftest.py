@@ -29,7 +29,7 @@ def cli_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    env = {**os.environ, "PYTHONWARNINGS": "default", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env, **kw)
 
 
@@ -66,9 +66,13 @@ def training_state(ckpt: dict) -> dict:
     return {k: ckpt[k] for k in ("step", "model", "optimizer", "precision", "rng", "data")}
 
 
-@pytest.fixture
-def tiny():
-    return tiny_config
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The tiny model gains nothing from intra-op threads; on a loaded 2-core machine they spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def latest(run_dir: Path):

@@ -146,7 +146,24 @@ class NoScaler:
         return loss
 
     def unscale_(self, grads: Iterable[torch.Tensor], all_reduce_max: AllReduceMax | None = None) -> bool:
-        return True
+        """Nothing to unscale, but still refuse inf/NaN gradients (False): with clipping off nothing
+        else looks at them before the optimizer writes them into the weights.
+
+        Costs one pass over the gradients (multiplied in place by exactly 1.0) and one host-device sync.
+        """
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads if g is not None]
+        found = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else "cpu")
+        by_key: dict[tuple, list[torch.Tensor]] = {}
+        for g in grads:
+            by_key.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), group in by_key.items():
+            f = found if device == found.device else torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, f, torch.ones(1, device=device))
+            if f is not found:
+                found += f.to(found.device)
+        if all_reduce_max is not None:
+            all_reduce_max(found)  # every rank must skip the same step
+        return not bool(found.item() > 0)  # host-device sync
 
     def update(self) -> None:
         pass
