@@ -174,6 +174,10 @@ def verify(cfg: RunConfig, *, strategy=None) -> VerifyReport:
     """
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "verify checks one concrete split; pass --micro-batch N")
+    from trainfit.strategies import fit_to_world, make_strategy
+
+    strategy = strategy or make_strategy(cfg)
+    cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> this rank's accumulation
     run = build_run(cfg, strategy=strategy)
     st, task, prec = run.strategy, run.task, run.precision
     ds = task.dataset()

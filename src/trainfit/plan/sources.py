@@ -26,7 +26,7 @@ def _report_fn(source: str):
         except ImportError:  # the estimator lands separately; measuring is exact where the model fits
             source = "measure"
         else:
-            return lambda cfg, batch: estimate_memory(__import__("dataclasses").replace(cfg, micro_batch=batch))
+            return lambda cfg, batch: estimate_memory(cfg, batch=batch)
     from trainfit.measure.memory import measure_memory
 
     return lambda cfg, batch: measure_memory(cfg, batch=batch)
