@@ -1,0 +1,126 @@
+"""GPU check for ``trainfit profile`` (run when a CUDA machine is at hand; safe to import on CPU).
+
+What it checks on one CUDA device, with the built-in GPT in bf16-mixed:
+
+1. The step-time breakdown is timed with CUDA events: forward, backward, optimizer > 0, and
+   the timed parts do not exceed the wall-clock step (they partition the device timeline).
+2. ``busy_frac`` comes from the torch.profiler kernel timeline and lies in (0, 1].
+3. MFU is reported against the peak table's row for this GPU (``null`` with the reason when
+   the device name is not in the table -- then add a row with its datasheet source).
+4. The counted model FLOPs agree within 15% with an independent transformer estimate
+   (6 x non-embedding params x tokens + 12 x layers x seq x d_model x tokens, Kaplan et al.
+   2020 / PaLM appendix B), and a bf16 8192^3 matmul's measured rate stays below the table peak.
+5. Timing overhead on the GPU: interleaved plain vs timed steps, median ratio - 1 <= 2%.
+
+Usage::
+
+    python benchmarks/gpu_check_profile.py [--out DIR]   # writes gpu_check_profile.json there
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+MODEL = {"model": "gpt-small", "seq_len": 256, "micro_batch": 16, "accumulation": 2, "precision": "bf16-mixed"}
+
+
+def _matmul_rate(n: int = 8192) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / best
+
+
+def _overhead(run, steps: int = 40) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from profile_overhead import one_step
+
+    from trainfit.measure.profile import _loader
+    from trainfit.measure.timers import PhaseTimer
+
+    batches, timer = _loader(run, run.cfg.micro_batch, start_step=50_000), PhaseTimer(run.strategy.device)
+
+    def synced(t):
+        s = one_step(run, batches, t)
+        torch.cuda.synchronize()  # the plain step would otherwise leave queued kernels to the next one
+        return s
+
+    for _ in range(5):
+        synced(None), synced(timer)
+    plain, timed = [], []
+    for i in range(steps):
+        order = (None, timer) if i % 2 == 0 else (timer, None)
+        for t in order:
+            (plain if t is None else timed).append(synced(t))
+    return {"median_plain_s": statistics.median(plain), "median_timed_s": statistics.median(timed),
+            "overhead": statistics.median(timed) / statistics.median(plain) - 1}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print(json.dumps({"skipped": "no CUDA device"}))
+        return 0
+    from trainfit.config import make_config
+    from trainfit.measure import hardware
+    from trainfit.measure.profile import ProfileOptions, profile
+    from trainfit.strategies.base import Single
+    from trainfit.tasks.gpt import GPT_PRESETS
+    from trainfit.train import build_run
+
+    cfg = make_config(MODEL)
+    run = build_run(cfg, strategy=Single("cuda"))
+    t0 = time.perf_counter()
+    r = profile(run, ProfileOptions(steps=20, warmup=5, bandwidth_bytes_per_s=450e9))
+    wall = time.perf_counter() - t0
+    name = torch.cuda.get_device_name()
+    checks: dict[str, bool] = {}
+    timed = sum(r[k] for k in ("h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s"))
+    checks["events_positive"] = all(r[k] > 0 for k in ("forward_s", "backward_s", "optimizer_s"))
+    checks["events_within_wall_step"] = timed <= r["step_s"] * 1.02
+    checks["busy_frac_in_0_1"] = r["busy_frac"] is not None and 0 < r["busy_frac"] <= 1
+    checks["device_in_peak_table"] = hardware.find_device(name) is not None
+    checks["mfu_reported_vs_table"] = (r["mfu"] is not None and 0 < r["mfu"] < 1) if checks["device_in_peak_table"] \
+        else r["mfu"] is None
+    g = GPT_PRESETS["gpt-small"]
+    n_nonemb = g.n_layer * (12 * g.d_model**2 + 13 * g.d_model)  # blocks' weights + biases + norms
+    tokens = cfg.micro_batch * cfg.accumulation * cfg.seq_len  # upper bound: the batches are padded to <= seq
+    est = (6 * (n_nonemb + g.d_model * g.vocab_size) + 12 * g.n_layer * cfg.seq_len * g.d_model) * tokens
+    checks["flops_vs_formula_within_15pct"] = abs(r["model_flops_per_step"] / est - 1) < 0.15
+    rate = _matmul_rate()
+    peak = hardware.peak_flops(name, "bf16")
+    checks["matmul_rate_below_table_peak"] = peak is None or rate <= peak
+    ov = _overhead(run)
+    checks["overhead_le_2pct"] = ov["overhead"] <= 0.02
+    out = {"device": name, "checks": checks, "all_pass": all(checks.values()), "config": MODEL,
+           "profile_wall_s": wall, "formula_flops_per_step": est, "bf16_matmul_flops_per_s": rate,
+           "table_peak_bf16": peak, "overhead": ov,
+           "profile": {k: v for k, v in r.items() if k not in ("scaling", "parts")}}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gpu_check_profile.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(json.dumps({"device": name, "checks": checks, "mfu": r["mfu"], "busy_frac": r["busy_frac"],
+                      "step_s": r["step_s"], "bottleneck": r["bottleneck"], "overhead": ov["overhead"]}, indent=2))
+    return 0 if out["all_pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
