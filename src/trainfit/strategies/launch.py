@@ -27,6 +27,9 @@ class TorchrunEnv:
     restart_count: int
     """How many times the elastic agent has restarted the workers (0 on the first attempt)."""
     master_addr: str
+    master_port: int
+    agent_store: bool
+    """Whether the elastic agent hosts the key-value store (else rank 0 does)."""
 
 
 def torchrun_env() -> TorchrunEnv | None:
@@ -37,7 +40,8 @@ def torchrun_env() -> TorchrunEnv | None:
     return TorchrunEnv(rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
                        local_rank=int(env.get("LOCAL_RANK", 0)),
                        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"))
+                       master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=int(env.get("MASTER_PORT", 29500)),
+                       agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
 
 def _is_loopback(host: str) -> bool:
@@ -65,10 +69,23 @@ def bind_gloo_to_loopback() -> None:
 
 
 def init_from_torchrun(env: TorchrunEnv, *, timeout_s: float) -> pg.World:
-    """Create the process group from torchrun's environment (``env://``)."""
+    """Create the process group from torchrun's environment.
+
+    The store is torchrun's, but under a prefix per restart attempt: the agent's store outlives
+    a restart, and without the prefix a restarted rank can read the address a dead rank published
+    in the previous attempt (gloo then fails with "connection refused").
+    """
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, TCPStore
+
     if _is_loopback(env.master_addr):
         bind_gloo_to_loopback()
-    return pg.init(init_method="env://", local_rank=env.local_rank, timeout_s=timeout_s)
+    store = TCPStore(env.master_addr, env.master_port, env.world_size, is_master=not env.agent_store and env.rank == 0,
+                     timeout=timedelta(seconds=timeout_s), multi_tenant=True)
+    store = PrefixStore(f"trainfit/attempt-{env.restart_count}", store)
+    return pg.init(store=store, rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
+                   timeout_s=timeout_s)
 
 
 def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0) -> None:

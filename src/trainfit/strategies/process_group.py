@@ -41,13 +41,15 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init(*, init_method: str = "env://", rank: int | None = None, world_size: int | None = None,
-         local_rank: int = 0, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> World:
+def init(*, init_method: str | None = "env://", rank: int | None = None, world_size: int | None = None,
+         local_rank: int = 0, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+         store: dist.Store | None = None) -> World:
     """Create the default process group (no-op when one exists) and return this rank's place.
 
     Args:
         init_method: ``env://`` (torchrun), ``file:///path`` or ``tcp://host:port``.
         rank, world_size: needed unless ``init_method`` is ``env://``.
+        store: a ready key-value store to rendezvous through instead of ``init_method``.
         local_rank: index of this process on its node (selects the GPU under NCCL).
         backend: nccl or gloo; default NCCL with CUDA, gloo without.
         timeout_s: collective timeout in seconds.
@@ -58,8 +60,13 @@ def init(*, init_method: str = "env://", rank: int | None = None, world_size: in
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        kw = {} if init_method == "env://" else {"rank": rank, "world_size": world_size}
-        dist.init_process_group(backend=backend, init_method=init_method, timeout=timedelta(seconds=timeout_s), **kw)
+        if store is not None:
+            kw = {"store": store, "rank": rank, "world_size": world_size}
+        elif init_method == "env://":
+            kw = {"init_method": init_method}
+        else:
+            kw = {"init_method": init_method, "rank": rank, "world_size": world_size}
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kw)
     return current()
 
 
