@@ -1,0 +1,105 @@
+"""Planner accuracy on this CPU: predicted vs measured peak memory and step time over a small grid.
+
+    .venv/bin/python benchmarks/planner_accuracy.py [--out benchmarks/results]
+
+Memory: the planner's basis per (precision, checkpointing) comes from memory reports at
+micro-batches 2 and 4 (``plan.sources.report_basis``, measured: the estimator is used
+when present); predictions at other micro-batches and accumulations are analytic and are
+compared with a fresh ``measure_memory`` of that configuration. Time: counted FLOPs at the
+calibrated CPU matmul rate vs the median of measured optimizer steps (single process).
+Writes planner_accuracy.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from trainfit.config import make_config
+from trainfit.engine import optimizer_step
+from trainfit.measure.memory import example_batch, measure_memory
+from trainfit.plan.cost import Candidate, memory, step_time
+from trainfit.plan.devices import device_row
+from trainfit.plan.sources import links_provider, report_basis
+from trainfit.tasks.base import to_device
+from trainfit.train import build_run
+
+MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
+GRID = [(p, ck, mb, acc) for p in ("fp32", "bf16-mixed") for ck in ("none", "full") for mb, acc in ((3, 1), (6, 2))]
+
+
+def measured_step_s(cfg, reps: int = 5) -> float:
+    run = build_run(cfg)
+    mbs = [to_device(example_batch(run.task, cfg.micro_batch), run.strategy.device)] * cfg.accumulation
+    times = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision, micro_batches=mbs,
+                       loss_fn=run.task.loss, count_fn=run.task.count, strategy=run.strategy,
+                       grad_clip=cfg.grad_clip)
+        if i:  # the first step allocates optimizer state
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    out = Path(ap.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = make_config(MODEL)
+    links = links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None)
+    rows, bases = [], {}
+    for p, ck, mb, acc in GRID:
+        b = bases.setdefault((p, ck), None) or report_basis(base, p, ck, source="estimate")
+        bases[(p, ck)] = b
+        c = Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing=ck, strategy="single",
+                      grad_sync="deferred", n=1)
+        cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc}, base=base)
+        pred_mem, pred_t = memory(b, c).peak_bytes, step_time(b, c, links(p)).step_s
+        meas_mem, meas_t = measure_memory(cfg).peak_bytes, measured_step_s(cfg)
+        rows.append({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc,
+                     "pred_peak_bytes": int(pred_mem), "meas_peak_bytes": int(meas_mem),
+                     "mem_err": pred_mem / meas_mem - 1, "pred_step_s": pred_t, "meas_step_s": meas_t,
+                     "time_err": pred_t / meas_t - 1, "basis": b.source})
+        print(json.dumps(rows[-1]), flush=True)
+    meta = {"command": "python benchmarks/planner_accuracy.py", "torch_threads": torch.get_num_threads(),
+            "model": MODEL, "rows": rows}
+    (out / "planner_accuracy.json").write_text(json.dumps(meta, indent=1))
+    lines = ["| precision | ckpt | mb x acc | predicted peak | measured peak | error | predicted step s | "
+             "measured step s | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['precision']} | {r['checkpointing']} | {r['micro_batch']} x {r['accumulation']} | "
+                     f"{r['pred_peak_bytes']:,} | {r['meas_peak_bytes']:,} | {r['mem_err']:+.1%} | "
+                     f"{r['pred_step_s']:.4f} | {r['meas_step_s']:.4f} | {r['time_err']:+.0%} |")
+    (out / "planner_accuracy.md").write_text(
+        "# Planner accuracy (this CPU, one process)\n\nCommand: `python benchmarks/planner_accuracy.py`\n\n"
+        + "\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for ax, key, unit in ((axes[0], "peak_bytes", "MB"), (axes[1], "step_s", "s")):
+        scale = 1e6 if unit == "MB" else 1.0
+        xs = [r[f"meas_{key}"] / scale for r in rows]
+        ys = [r[f"pred_{key}"] / scale for r in rows]
+        ax.scatter(xs, ys)
+        lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="predicted = measured")
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+        ax.set_title("peak memory" if unit == "MB" else "step time")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "planner_accuracy.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
