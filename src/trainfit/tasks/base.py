@@ -58,6 +58,13 @@ class GenericTask:
     loss: Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor | int]]
     block_classes: Sequence[str] = ()
     """Class names of the repeated blocks."""
+    example_batch: Callable[[int], Batch] | None = None
+    """Optional: a worst-case micro-batch of n samples (full-length), for memory accounting."""
+    depth_key: str = ""
+    """Optional: the model_config key that sets the number of identical blocks (e.g. n_layer);
+    lets the memory estimate trace a few blocks and extrapolate. Empty: trace the whole model."""
+    depth: int = 0
+    """The number of identical blocks the model has (with depth_key)."""
 
     def block_names(self, model: nn.Module) -> list[str]:
         return [n for n, m in model.named_modules() if type(m).__name__ in self.block_classes and n]

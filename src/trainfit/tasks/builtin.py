@@ -45,6 +45,13 @@ def gpt_count(batch) -> int:
     return int((batch["labels"] != IGNORE_INDEX).sum())
 
 
+def full_length_tokens(n: int, seq_len: int, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+    """n sequences of exactly seq_len tokens (the worst case for memory), every label counted."""
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, vocab_size, (n, seq_len + 1), generator=g)
+    return {"input_ids": seq[:, :-1], "labels": seq[:, 1:]}
+
+
 def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides: str = "") -> GenericTask:
     base = GPT_PRESETS[name]
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
@@ -69,11 +76,15 @@ def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides
         count=gpt_count,
         loss=gpt_loss,
         block_classes=("Block",),
+        example_batch=lambda n: full_length_tokens(n, seq_len, cfg.vocab_size, seed),
+        depth_key="n_layer",
+        depth=cfg.n_layer,
     )
 
 
 def cnn_loss(model, batch):
-    logits = model(batch["images"])
+    dtype = next(model.parameters()).dtype  # bf16-true/fp16-true store half weights: feed half images
+    logits = model(batch["images"].to(dtype))
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum"), batch["labels"].numel()
 
 
@@ -97,4 +108,6 @@ def cnn_task(*, seed: int, dataset_size: int, overrides: str = "") -> GenericTas
         count=lambda b: int(b["labels"].numel()),
         loss=cnn_loss,
         block_classes=("ConvBlock",),
+        example_batch=lambda n: collate_images([TemplateImages(size=n, seed=seed, n_classes=int(ov.get("n_classes", 10)))[i]
+                                                for i in range(n)]),
     )

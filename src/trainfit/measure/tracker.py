@@ -1,0 +1,314 @@
+"""The memory tracker: a dispatch mode that follows every live tensor *storage*.
+
+Every aten op passes through :meth:`MemoryTracker.__torch_dispatch__`; each storage it sees
+(input or output) is recorded once, keyed by the storage itself (views and shared weights
+share one storage, so they count once), with its size and the part it belongs to:
+
+- ``params``       parameters and buffers of the model
+- ``grads``        ``.grad`` of the parameters and of the optimizer's tensors (fp32 master grads)
+- ``optimizer``    optimizer state and fp32 master weights
+- ``activations``  tensors saved for backward (tagged by a ``saved_tensors_hooks`` pack hook)
+- ``temporaries``  everything else (op outputs not saved, the batch, loss, scratch)
+
+A storage is dropped once it is freed; the tracker notices on the next op (it holds a
+weak reference to the storage, which does not keep its memory alive). Works with real,
+fake (``FakeTensorMode``) and meta tensors, and counts a DTensor by its local shard, so
+per-rank bytes are right under sharding.
+
+Cost: one Python call per aten op plus a sweep over the non-persistent storages per op
+(``exact=True``); the cap-only mode sweeps only when the running upper bound crosses the
+cap, so it is cheap enough to leave on during training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
+PHASES = ("setup", "forward", "backward", "optimizer")
+_PERSISTENT = ("params", "optimizer")  # rarely freed: swept at phase changes only
+_aten = torch.ops.aten
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns memory on this rank: a DTensor's local shard, else ``t``."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
+
+
+def _storage_ref(t: torch.Tensor) -> StorageWeakRef | None:
+    t = local_tensor(t)
+    try:
+        return StorageWeakRef(t.untyped_storage())
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, no storage
+        return None
+
+
+class _Entry:
+    __slots__ = ("ref", "nbytes", "part")
+
+    def __init__(self, ref: StorageWeakRef, nbytes: int, part: str) -> None:
+        self.ref, self.nbytes, self.part = ref, nbytes, part
+
+
+def _scalar_stub(t: torch.Tensor) -> Any:
+    """A value for ``.item()`` on a fake tensor: the healthy path (finite loss, no overflow)."""
+    if t.dtype == torch.bool:
+        return False  # "any NaN?", "any sample rejected?" -> no (loops such as trunc_normal_'s end)
+    if t.is_floating_point():
+        return 0.0  # loss / overflow flag / norm: finite and "no inf found"
+    return 1  # counts
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Counts live tensor bytes per part and phase; optionally raises above a cap.
+
+    Args:
+        cap_bytes: when > 0, raise ``torch.OutOfMemoryError`` as soon as the live tracked
+            bytes exceed it (a CPU stand-in for a device limit; used by auto-fit).
+        exact: sweep freed storages after every op (exact peak and parts). With False,
+            sweep only when the running upper bound crosses the peak or the cap.
+        classify: tag activations (saved for backward) and attribute them to modules.
+        stub_scalars: answer ``.item()`` with a stub value (needed under fake tensors).
+    """
+
+    def __init__(self, *, cap_bytes: int = 0, exact: bool = True, classify: bool = True,
+                 stub_scalars: bool = False) -> None:
+        super().__init__()
+        self.cap_bytes = cap_bytes
+        self.exact = exact
+        self.classify = classify
+        self.stub_scalars = stub_scalars
+        self._entries: dict[int, _Entry] = {}
+        self._volatile: set[int] = set()
+        self.totals = dict.fromkeys(PARTS, 0)
+        self.live_bytes = 0
+        self.phase = "setup"
+        self.peak_bytes = 0
+        self.peak_phase = "setup"
+        self.peak_parts = dict(self.totals)
+        self.part_max = dict(self.totals)
+        self.phase_peaks: dict[str, dict[str, int]] = {}
+        self.module_activation_bytes: dict[str, int] = {}
+        self._module_names: dict[int, str] = {}
+        self._module_stack: list[str] = []
+        self._grad_holders: list[torch.Tensor] = []
+        self._stack = contextlib.ExitStack()
+        self.listeners: list[Any] = []  # callables(tracker) after each op (e.g. segment labels)
+
+    # ---- registration -------------------------------------------------------------
+    def register(self, tensors: Iterable[torch.Tensor | None], part: str) -> None:
+        """Classify existing tensors (re-classifies a storage already seen)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t, part, force=True)
+
+    def register_run(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                     optimizer_params: Iterable[torch.Tensor] = ()) -> None:
+        """Classify a model's parameters/buffers/grads and the optimizer's state and masters."""
+        params = list(model.parameters())
+        extra = [t for t in optimizer_params if all(t is not p for p in params)]  # fp32 master copies
+        self.register(params, "params")
+        self.register(model.buffers(), "params")
+        self.register(extra, "optimizer")
+        if optimizer is not None:
+            self.register((v for st in optimizer.state.values() for v in st.values()), "optimizer")
+        self._grad_holders = params + extra
+        self.register((t.grad for t in self._grad_holders), "grads")
+        self._module_names = {id(m): n for n, m in model.named_modules()}
+
+    def _add(self, t: torch.Tensor, part: str, *, force: bool = False) -> _Entry | None:
+        ref = _storage_ref(t)
+        if ref is None:
+            return None
+        key = ref.cdata
+        e = self._entries.get(key)
+        if e is None:
+            try:
+                nbytes = local_tensor(t).untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):
+                return None
+            e = self._entries[key] = _Entry(ref, nbytes, part)
+            self.totals[part] += nbytes
+            self.live_bytes += nbytes
+        elif force and e.part != part:
+            self._move(e, part)
+        if e.part in _PERSISTENT:
+            self._volatile.discard(key)
+        else:
+            self._volatile.add(key)
+        return e
+
+    def _move(self, e: _Entry, part: str) -> None:
+        self.totals[e.part] -= e.nbytes
+        self.totals[part] += e.nbytes
+        e.part = part
+
+    def _sweep(self, keys: Iterable[int]) -> None:
+        for key in list(keys):
+            e = self._entries[key]
+            if e.ref.expired():
+                del self._entries[key]
+                self._volatile.discard(key)
+                self.totals[e.part] -= e.nbytes
+                self.live_bytes -= e.nbytes
+
+    def sweep_all(self) -> None:
+        self._sweep(self._entries)
+
+    def _refresh_grads(self) -> None:
+        for t in self._grad_holders:
+            g = t.grad
+            if g is not None:
+                e = self._add(g, "grads")
+                if e is not None and e.part != "grads":
+                    self._move(e, "grads")
+
+    # ---- phases and peaks ---------------------------------------------------------
+    def set_phase(self, phase: str) -> None:
+        assert phase in PHASES, phase
+        if phase != self.phase:
+            self.phase = phase
+            self.sweep_all()
+            self._refresh_grads()
+            self._record()
+
+    def _current_phase(self) -> str:
+        # Inside autograd's engine (backward, incl. checkpoint recompute) the graph task id is set.
+        return "backward" if torch._C._current_graph_task_id() != -1 else self.phase
+
+    def _record(self) -> None:
+        live = self.live_bytes
+        phase = self._current_phase()
+        for p in PARTS:
+            if self.totals[p] > self.part_max[p]:
+                self.part_max[p] = self.totals[p]
+        pk = self.phase_peaks.get(phase)
+        if pk is None or live > pk["peak"]:
+            self.phase_peaks[phase] = {"peak": live, **self.totals}
+        if live > self.peak_bytes:
+            self.peak_bytes, self.peak_phase, self.peak_parts = live, phase, dict(self.totals)
+
+    # ---- the dispatch mode --------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _aten._local_scalar_dense.default and self.stub_scalars:
+            try:  # a fake tensor that knows its value (a constant, e.g. Adam's step count)
+                return func(*args, **kwargs)
+            except Exception:  # data-dependent: the value is unknowable without running
+                return _scalar_stub(args[0])
+        out = func(*args, **kwargs)
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                ref = _storage_ref(t)
+                if ref is not None and ref.cdata not in self._entries:
+                    self._add(t, "temporaries")  # created before tracking began (e.g. the batch)
+        if "resize" in func.__name__:  # storage resized in place (FSDP2 frees/regrows params this way)
+            self._resize(args[0])
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t, "temporaries")
+        self._after_op()
+        return out
+
+    def _resize(self, t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        ref = _storage_ref(t)
+        e = self._entries.get(ref.cdata) if ref is not None else None
+        if e is not None:
+            n = local_tensor(t).untyped_storage().nbytes()
+            self.totals[e.part] += n - e.nbytes
+            self.live_bytes += n - e.nbytes
+            e.nbytes = n
+
+    def _after_op(self) -> None:
+        if self.classify and self.phase == "optimizer":
+            self._refresh_grads()  # fp32 master grads are assigned (not accumulated) here
+        if self.exact:
+            self._sweep(self._volatile)
+            self._record()
+        elif self.live_bytes > self.peak_bytes or (self.cap_bytes and self.live_bytes > self.cap_bytes):
+            self.sweep_all()
+            self._record()
+        for fn in self.listeners:
+            fn(self)
+        if self.cap_bytes and self.live_bytes > self.cap_bytes:
+            live = self.live_bytes
+            raise torch.OutOfMemoryError(
+                f"trainfit memory cap: {live:,} live bytes exceed memory_cap={self.cap_bytes:,} "
+                f"(in {self._current_phase()}); lower micro_batch or enable checkpointing")
+
+    # ---- activation tagging -------------------------------------------------------
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        e = self._add(t, "temporaries")
+        if e is not None and e.part == "temporaries":
+            self._move(e, "activations")
+            self._volatile.add(e.ref.cdata)
+            name = self._module_stack[-1] if self._module_stack else "<outside modules>"
+            self.module_activation_bytes[name] = self.module_activation_bytes.get(name, 0) + e.nbytes
+        return t
+
+    def _pre_hook(self, module: nn.Module, args: Any) -> None:
+        name = self._module_names.get(id(module))
+        if name is not None:
+            self._module_stack.append(name)
+
+    def _post_hook(self, module: nn.Module, args: Any, out: Any) -> None:
+        name = self._module_names.get(id(module))
+        if name is not None and self._module_stack and self._module_stack[-1] == name:
+            self._module_stack.pop()
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            e = self._add(p.grad, "grads")
+            if e is not None and e.part != "grads":
+                self._move(e, "grads")
+            if e is not None:
+                self._volatile.add(e.ref.cdata)
+
+    # ---- context ------------------------------------------------------------------
+    def __enter__(self) -> MemoryTracker:
+        st = self._stack
+        if self.classify:
+            st.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
+            h1 = nn.modules.module.register_module_forward_pre_hook(self._pre_hook)
+            h2 = nn.modules.module.register_module_forward_hook(self._post_hook, always_call=True)
+            st.callback(h1.remove)
+            st.callback(h2.remove)
+            for t in self._grad_holders:
+                if t.requires_grad and t.is_leaf:
+                    st.callback(t.register_post_accumulate_grad_hook(self._on_grad).remove)
+        super().__enter__()
+        self._record()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._stack.close()
+            self._module_stack.clear()
+
+
+@contextlib.contextmanager
+def memory_cap(cap_bytes: int, *, model: nn.Module | None = None, optimizer=None,
+               optimizer_params: Iterable[torch.Tensor] = ()) -> Iterator[MemoryTracker]:
+    """Raise ``torch.OutOfMemoryError`` when live tracked bytes exceed ``cap_bytes``.
+
+    Cheap mode (no classification, lazy sweeps). Pass the model and optimizer so their
+    resident bytes count from the start.
+    """
+    tracker = MemoryTracker(cap_bytes=cap_bytes, exact=False, classify=False)
+    if model is not None:
+        tracker.register_run(model, optimizer, optimizer_params)
+    with tracker:
+        yield tracker

@@ -1,0 +1,222 @@
+"""``hf:ArchitectureClass``: any Hugging Face ``transformers`` model, from a config, random weights.
+
+Nothing is downloaded: the model is built from its config class (defaults, a JSON file,
+and/or ``key=value`` overrides) with random weights. The head decides the task:
+
+==========================  =================================================  ======
+class name ends with         batch (generated locally)                          unit
+==========================  =================================================  ======
+ForCausalLM / LMHeadModel   token rules (learnable), next-token labels        tokens
+ForMaskedLM                 random tokens, every 7th position is a label      tokens
+ForConditionalGeneration    source tokens, target = source reversed            tokens
+(encoder-decoder)
+ForSequenceClassification   random tokens, class = first token mod num_labels samples
+ForImageClassification      class templates + noise, (C, H, W) from config     samples
+==========================  =================================================  ======
+
+The loss is trainfit's (sum of per-item cross-entropy, item count) computed from the
+logits, not the model's internal mean loss, so accumulation normalises exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import Dataset
+
+from trainfit.errors import ConfigError, ModelError
+from trainfit.tasks.base import GenericTask
+from trainfit.tasks.builtin import full_length_tokens, parse_overrides
+from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, collate_tokens
+
+HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration", "ForSequenceClassification",
+         "ForImageClassification")
+MLM_EVERY = 7  # masked-LM: one label every 7 tokens (about BERT's 15%)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError("hf: models need the transformers package; install it with "
+                         "`pip install 'trainfit[hf]'`") from None
+    return transformers
+
+
+def _kind(arch: str, config) -> str:
+    if arch.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal"
+    if arch.endswith("ForMaskedLM"):
+        return "mlm"
+    if arch.endswith("ForConditionalGeneration") and getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    if arch.endswith("ForSequenceClassification"):
+        return "seqcls"
+    if arch.endswith("ForImageClassification"):
+        return "image"
+    raise ConfigError("model", f"hf:{arch}", "a transformers class whose name ends with one of: " + ", ".join(HEADS))
+
+
+def parse_hf_config(config_class, text: str):
+    """``path/to/config.json``, ``key=value,...`` or both (path first) -> a config instance."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    values: dict[str, Any] = {}
+    if parts and "=" not in parts[0]:
+        path = Path(parts.pop(0))
+        if not path.is_file():
+            raise ConfigError("model_config", str(path), "an existing JSON config file or key=value pairs")
+        try:
+            values = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError("model_config", str(path), "a valid JSON config file", str(e)) from None
+    overrides = parse_overrides(",".join(parts))
+    default = config_class()
+    known = set(default.to_dict()) | set(getattr(config_class, "attribute_map", {}))
+    for k in overrides:
+        if k not in known and not hasattr(default, k):  # hasattr: properties such as num_labels
+            raise ConfigError("model_config", k, sorted(known)[:40], f"not a field of {config_class.__name__}")
+    values.update(overrides)
+    return config_class(**values)
+
+
+class GeneratedSamples(Dataset):
+    """Samples made on demand from (seed, index): nothing is stored or downloaded."""
+
+    def __init__(self, make, size: int, seed: int) -> None:
+        self.make, self.size, self.seed = make, size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.make(torch.Generator().manual_seed(self.seed * 1_000_003 + i))
+
+
+def _stack(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
+
+
+def _block_classes(model: nn.Module) -> tuple[str, ...]:
+    """Class names of modules repeated in a ModuleList (the transformer layers)."""
+    names = []
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m) > 0:
+            classes = {type(c).__name__ for c in m}
+            if len(classes) == 1:
+                names.append(classes.pop())
+    return tuple(dict.fromkeys(names))
+
+
+def _token_loss(logits: torch.Tensor, labels: torch.Tensor):
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096) -> GenericTask:
+    """Build a Task for ``transformers.<arch>`` from a config with random weights (no hub access)."""
+    tf = _transformers()
+    cls = getattr(tf, arch, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "config_class")):
+        raise ConfigError("model", f"hf:{arch}", "hf:<a transformers model class>, e.g. hf:LlamaForCausalLM, "
+                          "hf:BertForMaskedLM, hf:T5ForConditionalGeneration, hf:ViTForImageClassification",
+                          "check the class name's spelling and case")
+    config = parse_hf_config(cls.config_class, model_config)
+    kind = _kind(arch, config)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # training: no KV cache
+    if kind == "seqcls" and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0  # decoders find each sequence's last token through the pad id
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if kind != "image" and isinstance(max_pos, int) and seq_len > max_pos:
+        raise ConfigError("seq_len", seq_len, f"at most max_position_embeddings={max_pos} of {arch}",
+                          f"add max_position_embeddings={seq_len} to --model-config")
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if kind != "image" and vocab < 11:
+        raise ConfigError("model_config.vocab_size", vocab, "an integer >= 11")
+    task = GenericTask(name=f"hf:{arch}", unit="tokens", build_model=lambda: None, dataset=lambda: None,
+                       collate=_stack, count=lambda b: 0, loss=lambda m, b: (None, 0))
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        model = cls(config)
+        model.train()
+        task.block_classes = _block_classes(model)
+        return model
+
+    task.build_model = build
+    if not getattr(config, "is_encoder_decoder", False) and isinstance(getattr(config, "num_hidden_layers", None), int):
+        task.depth_key, task.depth = "num_hidden_layers", config.num_hidden_layers
+    _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab)
+    return task
+
+
+def _attach_data(task: GenericTask, kind: str, config, seq_len: int, seed: int, size: int, vocab: int) -> None:
+    def tokens(g):
+        return torch.randint(1, vocab, (seq_len,), generator=g)
+
+    if kind == "causal":
+        task.dataset = lambda: TokenRules(size=size, seq_len=seq_len, vocab_size=vocab, seed=seed)
+        task.collate = collate_tokens
+        task.example_batch = lambda n: full_length_tokens(n, seq_len, vocab, seed)
+        task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+    elif kind == "mlm":
+        def make(g):
+            ids = tokens(g)
+            labels = torch.full_like(ids, IGNORE_INDEX)
+            labels[::MLM_EVERY] = ids[::MLM_EVERY]
+            ids = ids.clone()
+            ids[::MLM_EVERY] = getattr(config, "mask_token_id", None) or 0
+            return {"input_ids": ids, "labels": labels}
+        task.dataset = lambda: GeneratedSamples(make, size, seed)
+        task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+    elif kind == "seq2seq":
+        start = getattr(config, "decoder_start_token_id", None)
+        start = start if start is not None else (getattr(config, "pad_token_id", None) or 0)
+
+        def make(g):
+            ids = tokens(g)
+            return {"input_ids": ids, "labels": ids.flip(0)}
+
+        def loss(m, b):
+            labels = b["labels"]
+            dec = torch.cat([torch.full_like(labels[:, :1], start), labels[:, :-1]], dim=1)  # teacher forcing
+            return _token_loss(m(input_ids=b["input_ids"], decoder_input_ids=dec).logits, labels)
+        task.dataset = lambda: GeneratedSamples(make, size, seed)
+        task.loss = loss
+    elif kind == "seqcls":
+        n_labels = config.num_labels
+
+        def make(g):
+            ids = tokens(g)
+            return {"input_ids": ids, "labels": ids[0] % n_labels}
+        task.unit = "samples"
+        task.dataset = lambda: GeneratedSamples(make, size, seed)
+        task.loss = lambda m, b: (F.cross_entropy(m(input_ids=b["input_ids"]).logits.float(), b["labels"],
+                                                  reduction="sum"), b["labels"].numel())
+    else:  # image
+        c, hw, n_labels = config.num_channels, config.image_size, config.num_labels
+        hw = hw if isinstance(hw, int) else hw[0]
+
+        def make(g):
+            label = int(torch.randint(0, n_labels, (1,), generator=g))
+            template = torch.randn(c, hw, hw, generator=torch.Generator().manual_seed(seed * 7919 + label))
+            return {"pixel_values": template + torch.randn(c, hw, hw, generator=g), "labels": torch.tensor(label)}
+
+        def loss(m, b):
+            dtype = next(m.parameters()).dtype  # half weights (bf16-true/fp16-true) take half pixels
+            logits = m(pixel_values=b["pixel_values"].to(dtype)).logits
+            return F.cross_entropy(logits.float(), b["labels"], reduction="sum"), b["labels"].numel()
+        task.unit = "samples"
+        task.dataset = lambda: GeneratedSamples(make, size, seed)
+        task.loss = loss
+    if task.unit == "samples":
+        task.count = lambda b: int(b["labels"].numel())
+    else:
+        task.count = lambda b: int((b["labels"] != IGNORE_INDEX).sum())
+    if task.example_batch is None:
+        task.example_batch = lambda n: _stack([task.dataset()[i] for i in range(n)])
