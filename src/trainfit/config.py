@@ -126,6 +126,10 @@ class RunConfig:
         check_int("memory_cap", self.memory_cap, minimum=0)
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model", self.model, "a built-in name, hf:Class or module:callable")
+        if not isinstance(self.model_config, str):
+            raise ConfigError("model_config", self.model_config, "a string: key=value,... or a JSON config path")
+        if not isinstance(self.run_dir, str) or not self.run_dir.strip():
+            raise ConfigError("run_dir", self.run_dir, "a non-empty directory path")
         if not isinstance(self.checkpointing, CheckpointPolicy):
             raise ConfigError("checkpointing", self.checkpointing, "none, full, every:K, class:Name")
 

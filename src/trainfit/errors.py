@@ -52,8 +52,8 @@ def check_int(field: str, value: object, *, minimum: int) -> None:
 
 def check_number(field: str, value: object, *, minimum: float, inclusive: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        ok = value >= minimum if inclusive else value > minimum
+    if ok:  # inf passes a comparison but is never a usable lr, scale or timeout; NaN fails it
+        ok = (value >= minimum if inclusive else value > minimum) and value != float("inf")
     if not ok:
         op = ">=" if inclusive else ">"
-        raise ConfigError(field, value, f"a number {op} {minimum}")
+        raise ConfigError(field, value, f"a finite number {op} {minimum}")
