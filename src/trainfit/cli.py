@@ -16,7 +16,7 @@ from typing import Any
 from trainfit.errors import TrainfitError
 
 EXIT_USAGE = 2
-COMMANDS = ("train", "verify", "plan", "report", "profile")
+COMMANDS = ("train", "memory", "verify", "plan", "report", "profile")
 """Subcommand modules under trainfit.commands, in help order."""
 
 

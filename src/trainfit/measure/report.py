@@ -18,6 +18,9 @@ LEVERS: dict[str, str] = {
     "temporaries": "a smaller micro-batch (temporaries scale with it) or a shorter sequence",
 }
 
+PART_LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
+               "activations": "activations", "temporaries": "temporaries"}
+
 
 def fmt_bytes(n: float) -> str:
     """Binary units, 3 significant figures: 1.50 GiB."""
@@ -95,7 +98,7 @@ class MemoryReport:
     def lever_line(self) -> str:
         part = self.dominant_part
         share = self.peak_parts.get(part, 0) / max(self.peak_bytes, 1)
-        return f"{part} dominate the peak ({share:.0%}); lever: {LEVERS[part]}"
+        return f"largest part at the peak: {PART_LABELS[part]} ({share:.0%}); lever: {LEVERS[part]}"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -1,0 +1,95 @@
+"""``trainfit memory``: what fills memory in one optimizer step, measured or estimated.
+
+    trainfit memory --model gpt-tiny --batch 8 --precision bf16-mixed
+    trainfit memory --model hf:LlamaForCausalLM --model-config hidden_size=4096,... --seq 4096 \
+        --estimate --budget 80GiB --json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from trainfit.cli import add_run_flags, config_from_args
+
+JSON_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes",
+             "peak_bytes", "peak_phase", "activations_per_sample_bytes")
+"""Keys --json always prints (plus max_micro_batch with --budget, and the full report)."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("memory", help="what fills memory in one step: parameters, gradients, optimizer, activations")
+    add_run_flags(p)
+    p.add_argument("--batch", type=int, help="samples per micro-batch (same as --micro-batch)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--measure", dest="method", action="store_const", const="measure",
+                     help="run two real steps and measure the second (default)")
+    how.add_argument("--estimate", dest="method", action="store_const", const="estimate",
+                     help="trace the step under fake tensors: nothing is allocated (for models too big here)")
+    p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
+    p.set_defaults(func=run, method="measure")
+
+
+def run(args) -> int:
+    from trainfit.config import parse_bytes
+    from trainfit.measure.scaling import fit_batch_scaling, second_batch
+
+    overrides = {"micro_batch": args.batch} if args.batch is not None else {}
+    cfg = config_from_args(args, **overrides)
+    budget = parse_bytes("budget", args.budget) if args.budget else None
+    if args.method == "estimate":
+        from trainfit.measure.estimate import estimate_memory as make_report
+    else:
+        from trainfit.measure.memory import measure_memory as make_report
+    print(f"trainfit memory: {args.method} {cfg.model} ...", file=sys.stderr)
+    report = make_report(cfg)
+    other = make_report(cfg, batch=second_batch(report.batch))
+    scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))
+    max_mb = scaling.max_micro_batch(budget) if budget else None
+    if args.plot:
+        from trainfit.measure.memory_plot import plot_memory
+
+        plot_memory(report, args.plot, budget_bytes=budget)
+    if args.json:
+        out = report.to_dict()
+        out["activations_per_sample_bytes"] = round(scaling.activations_per_sample_bytes)
+        out["scaling"] = scaling.to_dict()
+        if budget:
+            out["budget_bytes"] = budget
+            out["max_micro_batch"] = max_mb
+        print(json.dumps(out))
+    else:
+        print(format_table(report, scaling, budget, max_mb))
+    return 0
+
+
+def format_table(report, scaling, budget, max_mb) -> str:
+    from trainfit.measure.report import fmt_bytes
+
+    r = report
+    lines = [f"{r.model}: {r.precision}, checkpointing={r.checkpointing}, {r.optimizer}, micro-batch {r.batch} "
+             f"x seq {r.seq_len}, accumulation {r.accumulation}, {r.n_params:,} params "
+             f"({r.method} in {r.wall_s:.1f} s)",
+             f"{'part':<17}{'largest in step':>17}{'at the peak':>15}"]
+    names = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
+             "activations": "activations", "temporaries": "temporaries"}
+    for part, label in names.items():
+        lines.append(f"{label:<17}{fmt_bytes(r.parts[part]):>17}{fmt_bytes(r.peak_parts.get(part, 0)):>15}")
+    lines.append(f"{'peak':<17}{fmt_bytes(r.peak_bytes):>17}{'in ' + r.peak_phase:>15}")
+    if r.master_weights_bytes:
+        lines.append(f"  (optimizer state includes fp32 master weights: {fmt_bytes(r.master_weights_bytes)})")
+    lines.append(f"activations per sample: {fmt_bytes(scaling.activations_per_sample_bytes)} "
+                 f"(fit over micro-batches {', '.join(map(str, scaling.batches))})")
+    if budget:
+        lines.append(f"largest micro-batch within {fmt_bytes(budget)}: {max_mb}")
+    if r.device_max_allocated_bytes is not None:
+        lines.append(f"torch.cuda.max_memory_allocated {fmt_bytes(r.device_max_allocated_bytes)}, "
+                     f"reserved {fmt_bytes(r.device_max_reserved_bytes)}")
+    lines.append(r.lever_line)
+    lines.extend(r.notes)
+    if r.top_modules:
+        lines.append("top modules by activation bytes: " +
+                     ", ".join(f"{n} {fmt_bytes(b)}" for n, b in r.top_modules[:5]))
+    return "\n".join(lines)
