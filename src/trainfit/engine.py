@@ -20,6 +20,7 @@ from trainfit.measure.timers import NULL_TIMER, Timer
 from trainfit.strategies.base import Single, Strategy
 
 LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, object]]
+_SINGLE = Single()  # the default strategy, stateless: built once, not once per step
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def optimizer_step(
 
     ``timer`` brackets the phases for ``trainfit profile``; the default measures nothing.
     """
-    strategy = strategy or Single()
+    strategy = strategy or _SINGLE
     window = AccumulationWindow(
         micro_batches, count_fn, all_reduce_sum=strategy.all_reduce_sum, world_size=strategy.world_size
     )

@@ -59,10 +59,14 @@ class AccumulationWindow:
         if len(micro_batches) < 1:
             raise ValueError("an accumulation window needs at least one micro-batch")
         self.micro_batches = list(micro_batches)
-        local = torch.tensor([float(sum(count(mb) for mb in self.micro_batches))], dtype=torch.float64)
-        if all_reduce_sum is not None:
-            all_reduce_sum(local)  # one tiny collective per optimizer step
-        self.global_count = int(local.item())
+        local = sum(count(mb) for mb in self.micro_batches)
+        if all_reduce_sum is not None and world_size > 1:
+            # One tiny collective per optimizer step; skipped on one rank, where it would only cost a tensor
+            # and a read-back (~20 us of the step's fixed cost, benchmarks/overhead.py).
+            total = torch.tensor([float(local)], dtype=torch.float64)
+            all_reduce_sum(total)
+            local = total.item()
+        self.global_count = int(local)
         self.weight = loss_weight(self.global_count, world_size)
         self.state = WindowState.OPEN
 

@@ -4,7 +4,6 @@ it never looks at the parallelism strategy (the strategy asks it for ``param_dty
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -65,13 +64,12 @@ class _Base:
     def optimizer_params(self, model: nn.Module) -> list[torch.Tensor]:
         return [p for p in model.parameters() if p.requires_grad]
 
-    @contextlib.contextmanager
-    def autocast(self, device_type: str) -> Iterator[None]:
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
+        # Returns the context itself rather than a generator-based wrapper: entered once per micro-batch
+        # in a hot loop, the wrapper alone cost several us per micro-batch (benchmarks/overhead.py).
         if self.autocast_dtype is None:
-            yield
-            return
-        with torch.autocast(device_type=device_type, dtype=self.autocast_dtype):
-            yield
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale_loss(loss).backward()
@@ -80,6 +78,8 @@ class _Base:
         return [p.grad for p in self.optimizer_params(model) if p.grad is not None]
 
     def unscale_and_check(self, model: nn.Module, all_reduce_max: AllReduceMax | None = None) -> bool:
+        if not self.scaler.enabled:  # nothing to unscale: skip walking the parameters (fixed cost per step)
+            return True
         return self.scaler.unscale_(self.grads(model), all_reduce_max)
 
     def step(self, optimizer: torch.optim.Optimizer, model: nn.Module, finite: bool) -> bool:
