@@ -89,3 +89,16 @@ def test_bad_prediction_input():
         comm.comm_seconds("ddp", n=2, grad_bytes=G, bandwidth_bytes_per_s=0.0)
     with pytest.raises(ValueError, match="compute_s"):
         comm.predict("ddp", n=2, compute_s=0.0, grad_bytes=G, bandwidth_bytes_per_s=1e9)
+
+
+def test_slowest_of_is_the_quantile_of_the_maximum():
+    xs = [float(i) for i in range(101)]  # uniform 0..100
+    assert comm.slowest_of(xs, 1) == pytest.approx(50.0)
+    # median of the max of 2 uniform draws: F(x)^2 = 1/2 -> x = 100 / sqrt(2)
+    assert comm.slowest_of(xs, 2) == pytest.approx(100 / 2**0.5, abs=0.5)
+    assert comm.slowest_of([3.0, 1.0, 2.0], 1000) == pytest.approx(3.0, abs=0.01)
+
+
+def test_straggler_time_adds_to_the_step():
+    p = comm.predict("ddp", n=2, compute_s=1.0, grad_bytes=0.0, bandwidth_bytes_per_s=1e9, straggler_s=0.25)
+    assert p.step_s == pytest.approx(1.25) and p.speedup == pytest.approx(2 / 1.25)

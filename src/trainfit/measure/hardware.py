@@ -132,40 +132,47 @@ def calibrate_cpu(dtype: str = "fp32", *, size: int | None = None, seconds: floa
     return Calibration(flops_per_s=2 * size**3 / best, dtype=dtype, size=size, threads=torch.get_num_threads())
 
 
-def measure_loopback(nbytes: int = 8 * 2**20, pings: int = 50) -> tuple[float, float]:
-    """(bytes/s, one-way latency s) of TCP on 127.0.0.1 -- the path gloo uses between processes
-    on one host -- measured between two threads of this process. Costs ~0.1 s."""
+def _echo(srv, nbytes: int, pings: int) -> None:
     import socket
-    import threading
+
+    conn, _ = srv.accept()
+    with conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(pings):
+            conn.sendall(conn.recv(1))
+        got = 0
+        while got < nbytes:
+            got += len(conn.recv(1 << 20))
+        conn.sendall(b"k")
+
+
+def measure_loopback(nbytes: int = 8 * 2**20, pings: int = 50) -> tuple[float, float]:
+    """(bytes/s, one-way latency s) of TCP on 127.0.0.1 between two processes -- the path gloo
+    uses between ranks on one host, including the wait for the peer process to be scheduled
+    (which dominates small collectives on a busy machine). Costs ~0.1-0.5 s."""
+    import multiprocessing
+    import socket
 
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
+    # fork: the child only runs socket code (no torch), and starts in milliseconds.
+    child = multiprocessing.get_context("fork").Process(target=_echo, args=(srv, nbytes, pings), daemon=True)
+    child.start()
     payload = b"\0" * nbytes
-
-    def echo() -> None:
-        conn, _ = srv.accept()
-        with conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            rtts = []
             for _ in range(pings):
-                conn.sendall(conn.recv(1))
-            got = 0
-            while got < nbytes:
-                got += len(conn.recv(1 << 20))
-            conn.sendall(b"k")
-
-    th = threading.Thread(target=echo, daemon=True)
-    th.start()
-    with socket.create_connection(("127.0.0.1", port)) as c, srv:
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        rtts = []
-        for _ in range(pings):
+                t0 = time.perf_counter()
+                c.sendall(b"x")
+                c.recv(1)
+                rtts.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            c.sendall(b"x")
+            c.sendall(payload)
             c.recv(1)
-            rtts.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        c.sendall(payload)
-        c.recv(1)
-        elapsed = time.perf_counter() - t0
-    th.join()
+            elapsed = time.perf_counter() - t0
+    finally:
+        srv.close()
+        child.join(10)
     return nbytes / elapsed, sorted(rtts)[len(rtts) // 2] / 2

@@ -76,15 +76,19 @@ class _TimedStrategy:
 
     def __init__(self, inner, timer: PhaseTimer) -> None:
         self._inner, self._timer = inner, timer
+        self.calls = 0
+        """Explicit collectives called (also counted on one device, where they are no-ops)."""
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def all_reduce_sum(self, t: torch.Tensor) -> None:
+        self.calls += 1
         with self._timer.phase("comm"):
             self._inner.all_reduce_sum(t)
 
     def all_reduce_max(self, t: torch.Tensor) -> None:
+        self.calls += 1
         with self._timer.phase("comm"):
             self._inner.all_reduce_max(t)
 
@@ -105,6 +109,7 @@ def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | Non
     timed = _TimedStrategy(st, timer)
     rows = []
     for i in range(warmup + steps):
+        timed.calls = 0
         t0 = time.perf_counter()
         host = [next(batches) for _ in range(cfg.accumulation)]  # blocks on the loader
         t1 = time.perf_counter()
@@ -121,7 +126,9 @@ def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | Non
         row = {"data_wait_s": t1 - t0, "h2d_s": ph.get("h2d", 0.0), "forward_s": ph.get("forward", 0.0),
                "backward_s": backward, "optimizer_s": ph.get("optimizer", 0.0),
                "comm_exposed_s": ph.get("comm", 0.0) + hidden_sync, "step_s": t2 - t0,
-               "count": res.count / st.world_size, "samples": sum(_batch_len(mb) for mb in host)}
+               "comm_explicit_s": ph.get("comm", 0.0), "grad_sync_exposed_s": hidden_sync,
+               "count": res.count / st.world_size, "samples": sum(_batch_len(mb) for mb in host),
+               "collectives": timed.calls}
         row["rest_s"] = max(0.0, row["step_s"] - sum(row[k] for k in PARTS[:-2]))
         f = flops.step(host) if flops is not None else None  # outside the timed window; cached by shape
         if f is not None:
@@ -274,7 +281,7 @@ def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
                         loss_fn=run.task.loss, policy=cfg.checkpointing)
     batches = _loader(run, cfg.micro_batch)
     rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops)
-    parts = {k: _spread([r[k] for r in rows]) for k in PARTS}
+    parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}
     med = {k: v["median"] for k, v in parts.items()}
     total_s = sum(r["step_s"] for r in rows)
     frac = {k: sum(r[k] for r in rows) / total_s for k in PARTS}
@@ -297,8 +304,11 @@ def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
         gain, rates, probe_note = _probe_batch(run, options)
         if gain is not None and gain > options.thresholds.batch_gain:
             suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
-    compute_s = med["step_s"] - med["data_wait_s"] - med["comm_exposed_s"]
-    scaling = scaleout.scaling(run, options, compute_s, med["backward_s"])
+    samples = [r["step_s"] - r["data_wait_s"] - r["comm_exposed_s"] for r in rows]  # per-step compute
+    compute_s = statistics.median(samples)
+    # On one process the accumulation window skips its token-count all-reduce; n > 1 ranks run it.
+    collectives = max(r["collectives"] for r in rows) + (st.world_size == 1)
+    scaling = scaleout.scaling(run, options, compute_s, med["backward_s"], samples, collectives)
     unit = run.task.unit
     findings = Findings(data_wait_frac=frac["data_wait_s"], comm_exposed_frac=frac["comm_exposed_s"],
                         h2d_frac=frac["h2d_s"], loader_workers=cfg.loader_workers, device_type=st.device.type,

@@ -17,6 +17,9 @@ import torch
 
 from trainfit.measure import hardware
 
+NS = (1, 2, 4, 8, 16, 32, 64)
+"""Device counts of the predicted curves."""
+
 
 def bandwidth(run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
     """(bytes/s, latency s, source) for scale-out predictions."""
@@ -49,23 +52,33 @@ def bandwidth(run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
     return None, 0.0, "no interconnect bandwidth known for a single GPU: pass --bandwidth (e.g. 450GB/s)"
 
 
-def scaling(run, opts, compute_s: float, backward_s: float) -> dict:
+def scaling(run, opts, compute_s: float, backward_s: float, samples: list[float] | None = None,
+            small_all_reduces: int = 0) -> dict:
+    """Scale-out curves for every strategy.
+
+    ``samples``: per-step compute times (the slowest of n ranks sets a synchronous step);
+    ``small_all_reduces``: the step's own latency-bound collectives (token count, loss, overflow).
+    """
     from trainfit.plan import comm
 
     params = [p for p in run.model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     bw, latency, source = bandwidth(run, opts, grad_bytes)
     strategy = run.cfg.strategy if run.cfg.strategy in comm.STRATEGIES else "ddp"
-    out = {"strategy": strategy, "grad_bytes": grad_bytes, "bandwidth_bytes_per_s": bw, "latency_s": latency,
+    out = {"strategy": strategy, "grad_bytes": grad_bytes, "small_all_reduces": small_all_reduces, "bandwidth_bytes_per_s": bw, "latency_s": latency,
            "bandwidth_source": source, "overlap": opts.overlap, "compute_s": compute_s, "curves": {},
            "comm_dominates_beyond": None}
     if bw is None or compute_s <= 0:
         return out
     kw = dict(compute_s=compute_s, grad_bytes=grad_bytes, bandwidth_bytes_per_s=bw, latency_s=latency,
               backward_s=backward_s, overlap=opts.overlap, accumulation=run.cfg.accumulation,
+              small_all_reduces=small_all_reduces,
               per_micro_batch=run.cfg.grad_sync == "per-micro-batch")
+    samples = samples or [compute_s]
     for s in comm.STRATEGIES:
-        points = [{k: v for k, v in p.to_dict().items() if k != "source"} for p in comm.scaling_curve(s, **kw)]
+        curve = [comm.predict(s, n=n, straggler_s=max(0.0, comm.slowest_of(samples, n) - compute_s), **kw)
+                 for n in NS]
+        points = [{k: v for k, v in p.to_dict().items() if k != "source"} for p in curve]
         out["curves"][s] = {"formula": comm.TRAFFIC[s].formula, "source": comm.TRAFFIC[s].source, "points": points}
     out["comm_dominates_beyond"] = comm.comm_dominates_beyond(strategy, **kw)
     return out

@@ -9,7 +9,9 @@ Model (weak scaling: every device keeps its micro-batch, the global batch grows 
 
     comm_s(n)    = sum over the step's collectives of  steps(n) * latency_s + bytes(n) / bandwidth
     exposed_s(n) = max(0, comm_s(n) - overlap * backward_s)      # part hidden behind backward
-    step_s(n)    = compute_s + exposed_s(n)                       # compute_s: the 1-device step
+                   + small_all_reduces * 2(n-1) * latency_s      # token count, loss, overflow flag
+    step_s(n)    = compute_s + straggler_s(n) + exposed_s(n)      # compute_s: the 1-device step
+    straggler_s  = slowest_of(1-device step samples, n) - compute_s   # a synchronous step waits for the slowest
     speedup(n)   = n * compute_s / step_s(n)                      # samples/s relative to 1 device
     efficiency   = speedup(n) / n
 
@@ -156,6 +158,8 @@ class ScalePoint:
     """Communication time per step."""
     exposed_comm_s: float
     """Communication not hidden behind backward."""
+    straggler_s: float
+    """Time waiting for the slowest device."""
     step_s: float
     """Predicted step time."""
     speedup: float
@@ -169,9 +173,27 @@ class ScalePoint:
         return dict(self.__dict__)
 
 
+def slowest_of(samples: list[float], n: int) -> float:
+    """Median of the slowest of ``n`` devices' step times, each drawn from ``samples``.
+
+    A synchronous step waits for the slowest rank. For n independent draws from a distribution
+    F, P(max <= x) = F(x)^n, so the median of the maximum is F's quantile 0.5^(1/n) (n=1: the
+    median; n=2: the 71st percentile; large n: towards the slowest sample). Linear interpolation
+    between the sorted samples.
+    """
+    if not samples:
+        raise ValueError("samples: need at least one measured step time")
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * 0.5 ** (1.0 / n)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandwidth_bytes_per_s: float,
-            latency_s: float = 0.0, backward_s: float = 0.0, overlap: float = 0.0,
-            param_bytes: float | None = None, accumulation: int = 1, per_micro_batch: bool = False) -> ScalePoint:
+            latency_s: float = 0.0, backward_s: float = 0.0, overlap: float = 0.0, straggler_s: float = 0.0,
+            small_all_reduces: int = 0, param_bytes: float | None = None, accumulation: int = 1,
+            per_micro_batch: bool = False) -> ScalePoint:
     """Predicted step time, speed-up and efficiency on ``n`` devices (weak scaling).
 
     Args:
@@ -179,19 +201,28 @@ def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandw
         backward_s: measured backward time, behind which communication may hide.
         overlap: fraction of ``backward_s`` that can hide communication (0 = none, pessimistic;
             DDP buckets and FSDP prefetch approach 1 on GPUs with a separate comm stream).
+        straggler_s: extra time the slowest of the n devices takes over ``compute_s``
+            (e.g. ``slowest_of(samples, n) - median(samples)``); 0 assumes identical steps.
+        small_all_reduces: latency-bound all-reduces of a few bytes per step (token count, loss,
+            overflow flag), each 2(n-1) x ``latency_s``, never hidden behind compute.
     """
     if not compute_s > 0:
         raise ValueError(f"compute_s={compute_s!r}: must be > 0 (a measured step time)")
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap={overlap!r} is not valid; allowed: a number in [0, 1]")
+    if straggler_s < 0:
+        raise ValueError(f"straggler_s={straggler_s!r}: must be >= 0")
     kw = dict(grad_bytes=grad_bytes, param_bytes=param_bytes, accumulation=accumulation, per_micro_batch=per_micro_batch)
     sent = bytes_per_step(strategy, n=n, **kw)
     comm = 0.0 if n == 1 else comm_seconds(strategy, n=n, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                                            latency_s=latency_s, **kw)
-    exposed = max(0.0, comm - overlap * backward_s)
-    step = compute_s + exposed
+    small = 0.0 if n == 1 else small_all_reduces * 2 * (n - 1) * latency_s
+    exposed = max(0.0, comm - overlap * backward_s) + small
+    comm += small
+    step = compute_s + straggler_s + exposed
     speedup = n * compute_s / step
-    return ScalePoint(n=n, comm_bytes=sent, comm_s=comm, exposed_comm_s=exposed, step_s=step, speedup=speedup,
+    return ScalePoint(n=n, comm_bytes=sent, comm_s=comm, exposed_comm_s=exposed, straggler_s=straggler_s,
+                      step_s=step, speedup=speedup,
                       efficiency=speedup / n, source=TRAFFIC[strategy].source)
 
 
