@@ -26,7 +26,8 @@ def cfg(root: Path, name: str, **kw):
 
 
 def equivalence_and_more(rank: int, root: Path) -> None:
-    """Every strategy trains 5 steps; zero3 continues to 10 from its checkpoint; bad input; sync observables."""
+    """Every strategy trains 5 steps; zero3 continues to 10 from its checkpoint; bad input; sync observables;
+    memory per rank; then rank 1 dies and rank 0 must stop with a clear error."""
     from trainfit.train import train
 
     for strategy, sync in FP32_CASES:
@@ -38,9 +39,11 @@ def equivalence_and_more(rank: int, root: Path) -> None:
     # zero3 on 2 ranks, resumed from its own step-5 checkpoint, to step 10.
     train(cfg(root, "zero3-fp32-deferred", strategy="zero3", steps=2 * STEPS), resume=True, progress=False)
     bad_input(rank, root)
+    memory_per_rank(rank, root)
     grad_sync_observables(rank, root)
     if rank == 0:
         (root / "phase-1-done").write_text("ok")
+    dead_peer(rank, root)  # last: rank 1 exits with code 17 in it
 
 
 def bad_input(rank: int, root: Path) -> None:
@@ -115,3 +118,27 @@ def dead_peer(rank: int, root: Path) -> None:
         write_json(root / "dead.json", {"error": None})
     except pg.RankStopped as e:
         write_json(root / "dead.json", {"error": str(e), "seconds": time.monotonic() - t0})
+
+
+MEMORY_STRATEGIES = ("zero1", "zero2", "zero3")
+
+
+def memory_cfg(root: Path, strategy: str):
+    # One micro-batch per step: under deferred sync FSDP2 would hold whole gradients during the window.
+    return cfg(root, f"mem-{strategy}", strategy=strategy, accumulation=1, **ADAMW)
+
+
+def memory_per_rank(rank: int, root: Path) -> None:
+    """The memory issue's measured accounting, inside each rank (sharded tensors count their local shard)."""
+    from trainfit.measure.memory import measure_memory
+    from trainfit.train import build_run
+
+    out = {}
+    for strategy in MEMORY_STRATEGIES:
+        c = memory_cfg(root, strategy)
+        run = build_run(c)
+        r = measure_memory(c, run=run)
+        out[strategy] = {p: getattr(r, f"{p}_bytes") for p in ("params", "grads", "optimizer")}
+        if strategy == "zero1":  # which whole parameters ZeroRedundancyOptimizer gave this rank
+            out["zero1_partition_numel"] = [p.numel() for g in run.optimizer.optim.param_groups for p in g["params"]]
+    write_json(root / f"memory-rank{rank}.json", out)

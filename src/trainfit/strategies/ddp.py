@@ -110,4 +110,7 @@ class Zero1(DDP):
         # (AdamW records defaults its constructor does not take, e.g. decoupled_weight_decay: drop them.)
         accepted = inspect.signature(type(optimizer).__init__).parameters
         defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-        return ZeroRedundancyOptimizer(params, optimizer_class=type(optimizer), **defaults)
+        zero = ZeroRedundancyOptimizer(params, optimizer_class=type(optimizer), **defaults)
+        # Readers of ``optimizer.state`` (the memory tracker, DCP) then see the partition this rank holds.
+        zero.state = zero.optim.state
+        return zero
