@@ -148,3 +148,15 @@ def test_train_report_flag_writes_the_page(tmp_path, tiny_gpt_overrides):
     page = parse(d / "report.html")
     assert [i["alt"] for i in page.imgs] == ["loss curve", "step time breakdown"]
     assert all(ink_share(decode(i)) > 0.02 for i in page.imgs)
+
+
+def test_saved_memory_reports_keep_one_entry_per_configuration(tmp_path):
+    from trainfit.commands.report import save_and_report
+
+    keys = ("precision", "checkpointing")
+    for prec, ckpt, peak in [("fp32", "none", 1), ("bf16-true", "none", 2), ("fp32", "none", 3)]:
+        save_and_report(tmp_path, "memory.json", {"precision": prec, "checkpointing": ckpt, "peak_bytes": peak},
+                        report=False, keep_others=keys)
+    saved = json.loads((tmp_path / "memory.json").read_text())
+    # the second fp32/none run replaced the first; bf16-true kept beside it
+    assert sorted((d["precision"], d["peak_bytes"]) for d in saved) == [("bf16-true", 2), ("fp32", 3)]

@@ -29,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
+    p.add_argument("--report", action="store_true", help="also save RUN_DIR/memory.json and write RUN_DIR/report.html")
     p.set_defaults(func=run, method="measure")
 
 
@@ -52,6 +53,11 @@ def run(args) -> int:
         from trainfit.measure.memory_plot import plot_memory
 
         plot_memory(report, args.plot, budget_bytes=budget)
+    if args.report:
+        from trainfit.commands.report import save_and_report
+
+        save_and_report(cfg.run_dir, "memory.json", report.to_dict(), report=True,
+                        keep_others=("precision", "checkpointing", "strategy", "batch", "method"))
     if args.json:
         out = report.to_dict()
         out["activations_per_sample_bytes"] = round(scaling.activations_per_sample_bytes)

@@ -30,13 +30,24 @@ def add_report_flag(p) -> None:
     p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html")
 
 
-def save_and_report(run_dir, name: str, doc, *, report: bool) -> None:
-    """Store a command's JSON object as RUN_DIR/<name> (what the report reads); render when asked."""
+def save_and_report(run_dir, name: str, doc, *, report: bool, keep_others: tuple[str, ...] = ()) -> None:
+    """Store a command's JSON object as RUN_DIR/<name> (what the report reads); render when asked.
+
+    With ``keep_others`` (e.g. the memory report's precision/checkpointing/strategy/batch), objects already in
+    the file that differ in those keys are kept, so runs of several configurations make one bar each.
+    """
     from pathlib import Path
+
+    from trainfit.report.data import read_docs
 
     root = Path(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    (root / name).write_text(json.dumps(doc, indent=1, default=str))
+    docs = [doc]
+    if keep_others:
+        key = tuple(doc.get(k) for k in keep_others)
+        old = [d for d in read_docs(root / name, []) if tuple(d.get(k) for k in keep_others) != key]
+        docs = old + [doc]
+    (root / name).write_text(json.dumps(docs if len(docs) > 1 else doc, indent=1, default=str))
     if report:
         run_report(root)
 

@@ -14,6 +14,7 @@ def register(sub) -> None:
     p = sub.add_parser("verify", help="check one step of the configured levers against the fp32 reference")
     add_run_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--report", action="store_true", help="also save RUN_DIR/verify.json and write RUN_DIR/report.html")
     p.set_defaults(func=run)
 
 
@@ -45,4 +46,8 @@ def run(args) -> int:
     # Under torchrun every rank computes the same report; print it once.
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(json.dumps(d) if args.json else format_report(d))
+        if args.report:
+            from trainfit.commands.report import save_and_report
+
+            save_and_report(cfg.run_dir, "verify.json", d, report=True)
     return 0 if report.passed else EXIT_FAILED

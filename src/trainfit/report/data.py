@@ -160,7 +160,7 @@ def _finite_or_nan(v: Any) -> float:
     return f if math.isfinite(f) else math.nan
 
 
-def _docs(path: Path, notes: list[str]) -> list[dict]:
+def read_docs(path: Path, notes: list[str]) -> list[dict]:
     if not path.exists():
         return []
     try:
@@ -196,6 +196,6 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
     cfg = root / "config.toml"
     return RunArtifacts(
         run_dir=str(root), config=cfg.read_text() if cfg.exists() else "", loss=loss,
-        memory=_docs(root / MEMORY, notes), profile=_docs(root / PROFILE, notes), plan=_docs(root / PLAN, notes),
-        verify=_docs(root / VERIFY, notes), train_time=train_time, notes=notes,
+        memory=read_docs(root / MEMORY, notes), profile=read_docs(root / PROFILE, notes),
+        plan=read_docs(root / PLAN, notes), verify=read_docs(root / VERIFY, notes), train_time=train_time, notes=notes,
     )
