@@ -192,6 +192,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
             if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
                 save_state(run, done)
     finally:
+        fit.close()  # DataLoader workers stop here, not at the next garbage collection
         bar.close()
         if metrics:
             metrics.close()

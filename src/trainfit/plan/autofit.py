@@ -92,6 +92,11 @@ class Fitter:
                              world_size=st.world_size, seed=cfg.seed, workers=cfg.loader_workers)
         self._batches = iter(loader)
 
+    def close(self) -> None:
+        """Stop the DataLoader workers now: the run's objects sit in reference cycles, so waiting for
+        the garbage collector would leave worker processes and their pipes open after train() returns."""
+        self._batches = None
+
     def micro_batches(self) -> list:
         """This rank's micro-batches of the next step (blocks on the loader)."""
         return [next(self._batches) for _ in range(self.accumulation)]
