@@ -5,8 +5,10 @@
 Memory: the planner's basis per (precision, checkpointing) comes from memory reports at
 micro-batches 2 and 4 (``plan.sources.report_basis``, measured: the estimator is used
 when present); predictions at other micro-batches and accumulations are analytic and are
-compared with a fresh ``measure_memory`` of that configuration. Time: counted FLOPs at the
-calibrated CPU matmul rate vs the median of measured optimizer steps (single process).
+compared with a fresh ``measure_memory`` of that configuration. Time: ``calibrated_links`` fits
+per-sample, per-micro-batch and per-step costs to steps measured at (2,1), (4,1), (2,2); the
+predictions at (3,1) and (6,2) are compared with freshly measured steps (fastest of 5: the
+machine is shared, and other processes only add time).
 Writes planner_accuracy.{json,md,png}.
 """
 
@@ -14,37 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from trainfit.config import make_config
-from trainfit.engine import optimizer_step
-from trainfit.measure.memory import example_batch, measure_memory
+from trainfit.measure.memory import measure_memory
 from trainfit.plan.cost import Candidate, memory, step_time
 from trainfit.plan.devices import device_row
-from trainfit.plan.sources import links_provider, report_basis
-from trainfit.tasks.base import to_device
-from trainfit.train import build_run
+from trainfit.plan.sources import calibrated_links, links_provider, measure_step_s, report_basis
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
 GRID = [(p, ck, mb, acc) for p in ("fp32", "bf16-mixed") for ck in ("none", "full") for mb, acc in ((3, 1), (6, 2))]
-
-
-def measured_step_s(cfg, reps: int = 5) -> float:
-    run = build_run(cfg)
-    mbs = [to_device(example_batch(run.task, cfg.micro_batch), run.strategy.device)] * cfg.accumulation
-    times = []
-    for i in range(reps + 1):
-        t0 = time.perf_counter()
-        optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision, micro_batches=mbs,
-                       loss_fn=run.task.loss, count_fn=run.task.count, strategy=run.strategy,
-                       grad_clip=cfg.grad_clip)
-        if i:  # the first step allocates optimizer state
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -53,16 +36,23 @@ def main() -> None:
     out = Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     base = make_config(MODEL)
-    links = links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None)
-    rows, bases = [], {}
+    bases: dict = {}
+
+    def basis(p, ck):
+        if (p, ck) not in bases:
+            bases[(p, ck)] = report_basis(base, p, ck, source="estimate")
+        return bases[(p, ck)]
+
+    plain = links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None)
+    links = calibrated_links(base, plain, basis)
+    rows = []
     for p, ck, mb, acc in GRID:
-        b = bases.setdefault((p, ck), None) or report_basis(base, p, ck, source="estimate")
-        bases[(p, ck)] = b
+        b = basis(p, ck)
         c = Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing=ck, strategy="single",
                       grad_sync="deferred", n=1)
         cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc}, base=base)
-        pred_mem, pred_t = memory(b, c).peak_bytes, step_time(b, c, links(p)).step_s
-        meas_mem, meas_t = measure_memory(cfg).peak_bytes, measured_step_s(cfg)
+        pred_mem, pred_t = memory(b, c).peak_bytes, step_time(b, c, links(p, ck)).step_s
+        meas_mem, meas_t = measure_memory(cfg).peak_bytes, measure_step_s(cfg)
         rows.append({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc,
                      "pred_peak_bytes": int(pred_mem), "meas_peak_bytes": int(meas_mem),
                      "mem_err": pred_mem / meas_mem - 1, "pred_step_s": pred_t, "meas_step_s": meas_t,

@@ -93,7 +93,7 @@ def _search(**kw):
     space = SearchSpace(**{"global_batch": 16, "devices": 2, "memory_bytes": 2**30, **kw})
     return search(space, ctx=Context(devices=space.devices, dtypes=("fp32", "bf16", "fp16")),
                   basis=lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=64),
-                  links=lambda p: Links(flops_per_s=1e11, bandwidth_bytes_per_s=1e9))
+                  links=lambda p, ck: Links(flops_per_s=1e11, bandwidth_bytes_per_s=1e9))
 
 
 def test_global_batch_never_changed():

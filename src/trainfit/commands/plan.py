@@ -26,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
     p.add_argument("--headroom", default="0.1", help="share of device memory kept free (default 0.1)")
     p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
+    p.add_argument("--calibrate", action="store_true",
+                   help="cpu only: fit the compute rate to a few measured steps of this model (seconds)")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")
@@ -77,11 +79,15 @@ def make_plan(args):
     model, model_config = run_spec(args.model, args.model_config)
     seq = _int("seq", args.seq_len, 2)
     base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
-    from trainfit.plan.shapes import PLAN_PRESETS
-
-    basis, used = basis_provider(base if args.model not in PLAN_PRESETS else base, source=args.basis)
+    basis, used = basis_provider(base, source=args.basis)
     links = links_provider(row, nodes=nodes, devices=devices, intra=_rate("bandwidth-intra", args.bandwidth_intra),
                            inter=_rate("bandwidth-inter", args.bandwidth_inter))
+    if args.calibrate:
+        if row.peak_row is not None:
+            raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
+        from trainfit.plan.sources import calibrated_links
+
+        links = calibrated_links(base, links, basis)
     result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
     return result, base, devices // nodes, used, space
 

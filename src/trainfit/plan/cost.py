@@ -140,6 +140,8 @@ class Links:
     """Fraction of backward time that can hide communication."""
     overhead_per_micro_batch_s: float = 0.0
     """Fixed cost per forward+backward (launches, Python), measured or 0."""
+    per_step_s: float = 0.0
+    """Fixed cost per optimizer step (the update, zeroing), measured or 0."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +161,8 @@ BACKWARD_SHARE = 2 / 3
 
 def step_time(b: Basis, c: Candidate, links: Links) -> Time:
     samples = c.micro_batch * c.accumulation
-    compute = b.hardware_flops_per_sample * samples / links.flops_per_s + c.accumulation * links.overhead_per_micro_batch_s
+    compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
+               + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
     recompute = (b.hardware_flops_per_sample - b.model_flops_per_sample) * samples / links.flops_per_s
     comm_s = 0.0
     if c.n > 1 and c.strategy in comm.TRAFFIC:

@@ -124,8 +124,9 @@ def candidates(space: SearchSpace) -> list[Candidate]:
 
 
 def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basis],
-           links: Callable[[str], Links]) -> PlanResult:
-    """Rank every compatible candidate; ``basis(precision, checkpointing)`` is called once per pair."""
+           links: Callable[[str, str], Links]) -> PlanResult:
+    """Rank every compatible candidate; ``basis(precision, checkpointing)`` is called once per pair,
+    ``links(precision, checkpointing)`` gives the rates its step time is costed at."""
     excluded: dict[str, int] = {}
     entries: list[PlanEntry] = []
     cache: dict[tuple[str, str], Basis] = {}
@@ -139,7 +140,7 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             continue
         b = cache.setdefault((c.precision, c.checkpointing), None) or basis(c.precision, c.checkpointing)
         cache[(c.precision, c.checkpointing)] = b
-        mem, t = memory(b, c), step_time(b, c, links(c.precision))
+        mem, t = memory(b, c), step_time(b, c, links(c.precision, c.checkpointing))
         fits = mem.peak_bytes <= space.budget_bytes
         reasons = []
         if not fits:

@@ -6,6 +6,7 @@ a model. A basis per (precision, checkpointing) pair is computed at most once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from trainfit.errors import ConfigError
@@ -101,5 +102,64 @@ def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | N
                 cache[dtype] = peak * row.achievable_frac
         return cache[dtype]
 
-    return lambda p: Links(flops_per_s=rate(DTYPE_OF[p]), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
-                           overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
+    def links(p: str, ck: str = "none") -> Links:
+        return Links(flops_per_s=rate(DTYPE_OF[p]), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
+                     overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
+
+    return links
+
+
+def measure_step_s(cfg, *, reps: int = 5) -> float:
+    """Fastest of ``reps`` optimizer steps of ``cfg`` on worst-case (full-length) micro-batches, after
+    one step that allocates the optimizer state. The minimum, not the median: on a shared machine the
+    other processes only ever add time, and the fastest step is the one they disturbed least."""
+    import time
+
+    from trainfit.engine import optimizer_step
+    from trainfit.measure.memory import example_batch
+    from trainfit.tasks.base import to_device
+    from trainfit.train import build_run
+
+    run = build_run(cfg)
+    mbs = [to_device(example_batch(run.task, cfg.micro_batch), run.strategy.device)] * cfg.accumulation
+    times = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision, micro_batches=mbs,
+                       loss_fn=run.task.loss, count_fn=run.task.count, strategy=run.strategy,
+                       grad_clip=cfg.grad_clip)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def calibrated_links(base_cfg, plain: Callable[..., Links], basis: Callable[[str, str], Basis], *,
+                     reps: int = 5) -> Callable[[str, str], Links]:
+    """Links whose compute rate and fixed costs are fitted to this model's measured steps.
+
+    A small model runs far below the matmul peak (per-op overhead dominates), so on a CPU the
+    FLOP rate alone mispredicts. Three measured steps per (precision, checkpointing) fit
+    ``step_s = accumulation x (per_micro_batch_s + per_sample_s x micro_batch) + per_step_s``:
+    t(2,1), t(4,1) and t(2,2) give per_sample_s, per_micro_batch_s and per_step_s.
+    """
+    from trainfit.config import make_config
+
+    cache: dict[tuple[str, str], Links] = {}
+
+    def links(p: str, ck: str = "none") -> Links:
+        if (p, ck) not in cache:
+            def t(m: int, k: int) -> float:
+                return measure_step_s(make_config({"precision": p, "checkpointing": ck, "micro_batch": m,
+                                                   "accumulation": k, "strategy": "single"}, base=base_cfg),
+                                      reps=reps)
+
+            t21, t41, t22 = t(2, 1), t(4, 1), t(2, 2)
+            per_sample = max((t41 - t21) / 2, 1e-9)
+            per_mb = max(t22 - t41, 0.0)
+            per_step = max(t21 - per_mb - 2 * per_sample, 0.0)
+            cache[(p, ck)] = dataclasses.replace(
+                plain(p, ck), flops_per_s=basis(p, ck).hardware_flops_per_sample / per_sample,
+                overhead_per_micro_batch_s=per_mb, per_step_s=per_step)
+        return cache[(p, ck)]
+
+    return links
