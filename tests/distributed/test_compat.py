@@ -84,3 +84,11 @@ def test_cli_sharding_without_launcher_fails_before_any_step(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "strategy='zero3'" in err and "torchrun --nproc_per_node=N" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_cli_nproc_with_single_is_refused_before_launching(tmp_path, capsys):
+    from trainfit.cli import main
+
+    rc = main(["train", "--nproc", "2", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "strategy='single'" in err and "--nproc 2 launches 2 processes" in err

@@ -36,6 +36,11 @@ def run(args) -> int:
     cfg = config_from_args(args, **({"nproc": args.nproc} if args.nproc else {}))
     env = launch.torchrun_env()
     if env is None and cfg.nproc > 1:
+        if cfg.strategy == "single":  # refuse before starting N processes that would each refuse
+            from trainfit.errors import ConfigError
+            from trainfit.strategies.compat import DISTRIBUTED
+
+            raise ConfigError("strategy", "single", DISTRIBUTED, f"--nproc {cfg.nproc} launches {cfg.nproc} processes")
         return _launch(cfg, args, dump_toml(cfg))
     resume = args.resume
     if env is not None:
