@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +26,9 @@ from trainfit.plan.rules import Context
 from trainfit.plan.search import SearchSpace, search
 from trainfit.plan.sources import basis_provider, calibrated_links, links_provider, measure_step_s
 
+CLOCK = time.thread_time
+"""Step CPU time of the one torch thread (set in main): the machine is shared, and another process's load
+changes wall time by multiples but this thread's CPU time barely. On an idle machine the two agree."""
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
 BUDGET = 6_500_000  # bytes of device memory; with 10% headroom some micro-batch 8 configs do not fit
 
@@ -54,18 +58,19 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     out = Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
     base = make_config(MODEL)
     space = SearchSpace(global_batch=8, devices=1, memory_bytes=BUDGET, precisions=("fp32", "bf16-mixed"),
                         checkpointings=("none", "full"), strategies=("single",), micro_batches=(1, 2, 4, 8))
     basis, _ = basis_provider(base, source="estimate")
     links = calibrated_links(base, links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None),
-                             basis)
+                             basis, clock=CLOCK)
     result = search(space, ctx=Context(devices=1, dtypes=("fp32", "bf16", "fp16")), basis=basis, links=links)
     rows = []
     for rank, e in enumerate(result.entries, 1):
         cfg = make_config({"precision": e.precision, "checkpointing": e.checkpointing, "micro_batch": e.micro_batch,
                            "accumulation": e.accumulation}, base=base)
-        step = measure_step_s(cfg)
+        step = measure_step_s(cfg, clock=CLOCK)
         ok = runs_under_cap(cfg, int(space.budget_bytes))
         rows.append({"rank": rank, "precision": e.precision, "checkpointing": e.checkpointing,
                      "micro_batch": e.micro_batch, "accumulation": e.accumulation, "planned_fits": e.fits,

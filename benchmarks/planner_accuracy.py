@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +27,9 @@ from trainfit.plan.cost import Candidate, memory, step_time
 from trainfit.plan.devices import device_row
 from trainfit.plan.sources import calibrated_links, links_provider, measure_step_s, report_basis
 
+CLOCK = time.thread_time
+"""Step CPU time of the one torch thread (set in main): the machine is shared, and another process's load
+changes wall time by multiples but this thread's CPU time barely. On an idle machine the two agree."""
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
 GRID = [(p, ck, mb, acc) for p in ("fp32", "bf16-mixed") for ck in ("none", "full") for mb, acc in ((3, 1), (6, 2))]
 
@@ -35,6 +39,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     out = Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
     base = make_config(MODEL)
     bases: dict = {}
 
@@ -44,7 +49,7 @@ def main() -> None:
         return bases[(p, ck)]
 
     plain = links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None)
-    links = calibrated_links(base, plain, basis)
+    links = calibrated_links(base, plain, basis, clock=CLOCK)
     rows = []
     for p, ck, mb, acc in GRID:
         b = basis(p, ck)
@@ -52,7 +57,7 @@ def main() -> None:
                       grad_sync="deferred", n=1)
         cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc}, base=base)
         pred_mem, pred_t = memory(b, c).peak_bytes, step_time(b, c, links(p, ck)).step_s
-        meas_mem, meas_t = measure_memory(cfg).peak_bytes, measure_step_s(cfg)
+        meas_mem, meas_t = measure_memory(cfg).peak_bytes, measure_step_s(cfg, clock=CLOCK)
         rows.append({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc,
                      "pred_peak_bytes": int(pred_mem), "meas_peak_bytes": int(meas_mem),
                      "mem_err": pred_mem / meas_mem - 1, "pred_step_s": pred_t, "meas_step_s": meas_t,

@@ -62,3 +62,40 @@ def test_predicted_peak_matches_measured_within_5_percent():
                                "accumulation": acc}, base=base)
             measured = measure_memory(cfg).peak_bytes
             assert memory(b, c).peak_bytes == pytest.approx(measured, rel=0.05), (precision, ckpt, mb, acc)
+
+
+def test_no_planned_fit_runs_out_of_memory_under_the_cap():
+    """Every configuration the planner says fits runs two steps under a memory cap equal to the budget."""
+    import torch
+
+    from trainfit.engine import optimizer_step
+    from trainfit.measure.memory import example_batch
+    from trainfit.measure.tracker import memory_cap
+    from trainfit.plan.cost import Links
+    from trainfit.plan.rules import Context
+    from trainfit.plan.search import SearchSpace, search
+    from trainfit.plan.sources import basis_provider
+    from trainfit.train import build_run
+
+    base = make_config({"model_config": TINY, "seq_len": 32})
+    space = SearchSpace(global_batch=8, devices=1, memory_bytes=2_000_000, precisions=("fp32",),
+                        checkpointings=("none", "full"), strategies=("single",), micro_batches=(2, 4, 8))
+    basis, _ = basis_provider(base, source="estimate")
+    res = search(space, ctx=Context(devices=1, dtypes=("fp32",)), basis=basis,
+                 links=lambda p, ck: Links(flops_per_s=1e10, bandwidth_bytes_per_s=1.0))
+    fits = [e for e in res.entries if e.fits]
+    assert fits and len(fits) < len(res.entries)  # the budget separates them
+    for e in fits:
+        cfg = make_config({"checkpointing": e.checkpointing, "micro_batch": e.micro_batch,
+                           "accumulation": e.accumulation}, base=base)
+        run = build_run(cfg)
+        mbs = [example_batch(run.task, cfg.micro_batch)] * cfg.accumulation
+        for _ in range(2):  # the second step holds the optimizer state
+            try:
+                with memory_cap(int(space.budget_bytes), model=run.model, optimizer=run.optimizer,
+                                optimizer_params=run.precision.optimizer_params(run.model)):
+                    optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
+                                   micro_batches=mbs, loss_fn=run.task.loss, count_fn=run.task.count,
+                                   strategy=run.strategy, grad_clip=cfg.grad_clip)
+            except torch.OutOfMemoryError as err:
+                pytest.fail(f"planned to fit but ran out of memory: {e} ({err})")
