@@ -92,3 +92,28 @@ def test_cli_nproc_with_single_is_refused_before_launching(tmp_path, capsys):
     rc = main(["train", "--nproc", "2", "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert rc == 2 and "strategy='single'" in err and "--nproc 2 launches 2 processes" in err
+
+
+def test_memory_estimate_per_rank_for_any_world_without_processes(capsys):
+    """``trainfit memory --strategy zero3 --world 4 --estimate``: per-rank parts = a quarter of the hand count."""
+    import json
+
+    from trainfit.cli import main
+    from trainfit.tasks import make_task
+
+    flags = ["memory", "--estimate", "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "8", "--batch", "2",
+             "--optimizer", "adamw", "--json"]
+    assert main([*flags, "--strategy", "zero3", "--world", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    n = sum(p.numel() for p in make_task("gpt-tiny", model_config="n_layer=1,d_model=32,n_head=2", seq_len=8)
+            .build_model().parameters())
+    assert out["params_bytes"] == pytest.approx(4 * n / 4, rel=0.01)
+    assert out["grads_bytes"] == pytest.approx(4 * n / 4, rel=0.01)
+    assert out["optimizer_bytes"] == pytest.approx(8 * n / 4, rel=0.01)  # Adam's two fp32 moments
+
+
+def test_memory_measure_with_world_needs_torchrun(capsys):
+    from trainfit.cli import main
+
+    assert main(["memory", "--strategy", "zero2", "--world", "2"]) == 2
+    assert "torchrun --nproc_per_node=N -m trainfit memory" in capsys.readouterr().err

@@ -125,6 +125,7 @@ def test_memory_per_rank_matches_the_sharding_and_the_estimate(job):
     from .workers import MEMORY_STRATEGIES, memory_cfg
 
     ranks = [json.loads((job / f"memory-rank{r}.json").read_text()) for r in (0, 1)]
+    assert json.loads((job / "memory-gathered.json").read_text()) == ranks
     cfg = dataclasses.replace(memory_cfg(job, "zero1"), strategy="single")
     full = measure_memory(cfg)
     unsharded = {p: getattr(full, f"{p}_bytes") for p in ("params", "grads", "optimizer")}

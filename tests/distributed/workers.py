@@ -142,3 +142,8 @@ def memory_per_rank(rank: int, root: Path) -> None:
         if strategy == "zero1":  # which whole parameters ZeroRedundancyOptimizer gave this rank
             out["zero1_partition_numel"] = [p.numel() for g in run.optimizer.optim.param_groups for p in g["params"]]
     write_json(root / f"memory-rank{rank}.json", out)
+    from trainfit.strategies.process_group import gather_to_rank0
+
+    gathered = gather_to_rank0(out)  # how `trainfit memory` under torchrun reports every rank from rank 0
+    if rank == 0:
+        write_json(root / "memory-gathered.json", gathered)

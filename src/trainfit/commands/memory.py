@@ -26,6 +26,8 @@ def register(sub) -> None:
                      help="run two real steps and measure the second (default)")
     how.add_argument("--estimate", dest="method", action="store_const", const="estimate",
                      help="trace the step under fake tensors: nothing is allocated (for models too big here)")
+    p.add_argument("--world", type=int, default=1,
+                   help="with --estimate: ranks to spread --strategy over (per-rank bytes, no processes launched)")
     p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
@@ -40,14 +42,31 @@ def run(args) -> int:
     overrides = {"micro_batch": args.batch} if args.batch is not None else {}
     cfg = config_from_args(args, **overrides)
     budget = parse_bytes("budget", args.budget) if args.budget else None
+    from trainfit.strategies import launch
+    from trainfit.strategies import process_group as pg
+
+    world = launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: measure inside each rank
+    if args.world != 1 and args.method != "estimate":
+        from trainfit.errors import ConfigError
+
+        raise ConfigError("world", args.world, "1 when measuring", "add --estimate, or measure each rank by launching "
+                          "`torchrun --nproc_per_node=N -m trainfit memory --strategy ...`")
     if args.method == "estimate":
-        from trainfit.measure.estimate import estimate_memory as make_report
+        import functools
+
+        from trainfit.measure.estimate import estimate_memory
+
+        make_report = functools.partial(estimate_memory, world_size=args.world, strategy=cfg.strategy)
     else:
         from trainfit.measure.memory import measure_memory as make_report
     print(f"trainfit memory: {args.method} {cfg.model} ...", file=sys.stderr)
     report = make_report(cfg)
     other = make_report(cfg, batch=second_batch(report.batch))
     scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))
+    # Under torchrun each rank measured its own shards; rank 0 reports them all.
+    per_rank = pg.gather_to_rank0({p: report.parts[p] for p in ("params", "grads", "optimizer")}) if world else None
+    if world is not None and world.rank != 0:
+        return 0
     max_mb = scaling.max_micro_batch(budget) if budget else None
     if args.plot:
         from trainfit.measure.memory_plot import plot_memory
@@ -62,12 +81,16 @@ def run(args) -> int:
         out = report.to_dict()
         out["activations_per_sample_bytes"] = round(scaling.activations_per_sample_bytes)
         out["scaling"] = scaling.to_dict()
+        if per_rank:
+            out["per_rank"] = per_rank
         if budget:
             out["budget_bytes"] = budget
             out["max_micro_batch"] = max_mb
         print(json.dumps(out))
     else:
         print(format_table(report, scaling, budget, max_mb))
+        for r, parts in enumerate(per_rank or []):
+            print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in parts.items()))
     return 0
 
 

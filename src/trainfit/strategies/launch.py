@@ -101,3 +101,11 @@ def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0) -> None:
     args = parse_args(["--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
                        "--no-python", sys.executable, "-m", "trainfit", *child_argv])
     run(args)
+
+
+def join_if_launched(*, timeout_s: float = pg.DEFAULT_TIMEOUT_S) -> pg.World | None:
+    """Under torchrun: join the process group (once) and return this rank's place; else None."""
+    env = torchrun_env()
+    if env is None:
+        return None
+    return pg.current() or init_from_torchrun(env, timeout_s=timeout_s)

@@ -118,3 +118,16 @@ def stop_on_peer_failure(last_checkpoint: Callable[[], str | None]) -> Iterator[
         raise RankStopped(
             f"rank {world.rank} of {world.world_size} stopped: {type(e).__name__}: {first}. If another rank died "
             f"(its log says why), this is the consequence: the ranks stop rather than wait; {resume}") from e
+
+
+def gather_to_rank0(obj: object) -> list | None:
+    """Every rank's ``obj`` (picklable), in rank order, on rank 0; None on the others.
+
+    Without a process group: ``[obj]``.
+    """
+    world = current()
+    if world is None:
+        return [obj]
+    out = [None] * world.world_size if world.rank == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
