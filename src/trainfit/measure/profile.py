@@ -240,8 +240,8 @@ def _fit_micro_batch(run, m: int, max_micro_batch: int = 1024) -> tuple[int | No
 
     Uses the memory report (``trainfit.measure.memory.measure_memory``: a real step under the
     storage tracker, worst-case full-length batch): peaks at m and 2m give bytes per sample,
-    the linear extrapolation proposes a candidate, and the candidate is measured too (halved
-    until it fits). Without a budget (CPU without memory_cap) it suggests 2m, which just ran.
+    the linear extrapolation proposes a candidate, and measured peaks decide (doubled while
+    the next fits, halved until one does). Without a budget (CPU without memory_cap) it suggests 2m, which just ran.
     """
     from trainfit.measure.memory import measure_memory
 
@@ -263,12 +263,21 @@ def _fit_micro_batch(run, m: int, max_micro_batch: int = 1024) -> tuple[int | No
     cand = m
     while cand * 2 <= limit and p1 + (cand * 2 - m) * per_sample <= budget:
         cand *= 2
+    # The extrapolation only proposes; measured peaks decide: climb while the next doubling
+    # fits, or halve until one does.
+    p = peak(cand) if cand > m else budget + 1
+    if p <= budget:
+        while cand * 2 <= limit and (p_next := peak(cand * 2)) <= budget:
+            cand, p = cand * 2, p_next
+        return cand, (f"measured peak {p / 2**20:,.1f} MiB at micro_batch={cand} fits {what} "
+                      f"{budget / 2**20:,.1f} MiB (memory report)")
     while cand > m:
-        p = peak(cand)
-        if p <= budget:
+        cand //= 2
+        if cand > m and (p := peak(cand)) <= budget:
             return cand, (f"measured peak {p / 2**20:,.1f} MiB at micro_batch={cand} fits {what} "
                           f"{budget / 2**20:,.1f} MiB (memory report)")
-        cand //= 2
+    if p2 <= budget:
+        return 2 * m, f"measured peak {p2 / 2**20:,.1f} MiB at micro_batch={2 * m} fits {what} (memory report)"
     return None, f"no larger micro-batch fits {what} {budget / 2**20:,.1f} MiB (memory report at {m}: {p1:,} bytes)"
 
 
