@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import RESULTS, write_results  # noqa: E402
 
 import trainfit  # noqa: E402
 from trainfit.tasks import make_task  # noqa: E402
@@ -165,7 +165,14 @@ def linear_job(n_windows: int):
 
 def spread(values: list[float]) -> dict:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "n": len(values)}
+    return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "n": len(values), **median_ci(values)}
+
+
+def median_ci(values: list[float], n_boot: int = 2000) -> dict:
+    """95% bootstrap interval of the median (how sure the median is, not how wide the spread is)."""
+    rng = random.Random(1)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
+    return {"median_ci95": [meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]]}
 
 
 def build(job, precision):
@@ -240,6 +247,15 @@ def main() -> None:
             results["tiny"][prec] = summarise(t, c, l)
             print_rows(f"Linear(32,32) {prec}", results["tiny"][prec])
     results["settings"] = vars(args)
+    old = RESULTS / "overhead.json"
+    if args.only and old.exists():  # re-measured one part: keep the other from the last full run
+        import json
+
+        prev = json.loads(old.read_text())
+        other = "tiny" if args.only == "gpt" else "gpt"
+        results[other] = prev.get(other, {})
+        results["settings_" + other] = prev.get("settings_" + other, prev.get("settings"))
+    results["settings_" + (args.only or "all")] = vars(args)
     if not args.quick:
         write_results("overhead", results, markdown(results))
 
@@ -269,12 +285,14 @@ def markdown(res: dict) -> str:
         out.append("")
     if res["tiny"]:
         out += ["## Fixed cost per optimizer step: Linear(32,32), 4 micro-batches of 16 rows", "",
-                "| precision | loop | CPU us per step | added CPU us per step vs hand | added wall us per step vs hand |",
-                "|---|---|---|---|---|"]
+                "| precision | loop | CPU us per step | added CPU us per step vs hand (IQR) | 95% CI of that median | "
+                "added wall us per step vs hand (IQR) |", "|---|---|---|---|---|---|"]
         for prec, rows in res["tiny"].items():
             for v, r in rows.items():
+                ci = r["cpu_added_us_per_step"]["median_ci95"]
                 out.append(f"| {prec} | {v} | {r['cpu_step_s']['median'] * 1e6:.0f} | "
-                           f"{q(r['cpu_added_us_per_step'], '.0f')} | {q(r['added_us_per_step'], '.0f')} |")
+                           f"{q(r['cpu_added_us_per_step'], '.0f')} | {ci[0]:.0f} to {ci[1]:.0f} | "
+                           f"{q(r['added_us_per_step'], '.0f')} |")
     v = res["versions"]
     out += ["", f"Medians over rounds with the interquartile range in brackets; ratios and differences are paired "
                 f"within a round. CPU time is the process's own (time.process_time), robust to other load on the "

@@ -1,0 +1,211 @@
+"""Does lower precision train the same? Loss curves of every precision policy, and why fp16 needs loss scaling.
+
+Trains the built-in GPT (small: 2 layers, d_model 64, seq 32, micro-batch 16) from the same initial
+weights on the same batches, once per policy: fp32, bf16-mixed, fp16-mixed, fp16-true, and fp16 with
+loss scaling turned off (autocast fp16 and fp16 weights, each with the no-op scaler in place of the
+dynamic one). Before every optimizer step a hook on the optimizer records the share of gradient values
+that are exactly zero; on the fp32 run it also records the share of non-zero gradient values that would
+round to zero in fp16 (``trainfit.verify.fp16_underflow_fraction``) -- the values that unscaled fp16
+loses.
+
+    .venv/bin/python benchmarks/precision_fidelity.py              # ~5-10 min on a loaded 2-core CPU
+    .venv/bin/python benchmarks/precision_fidelity.py --steps 3    # smoke run (writes nothing)
+
+Writes benchmarks/results/precision_fidelity.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, write_results  # noqa: E402
+
+import trainfit  # noqa: E402
+from trainfit.levers.precision import AutocastMixed, HalfWithMaster, make_precision  # noqa: E402
+from trainfit.levers.scaler import NoScaler  # noqa: E402
+from trainfit.tasks import make_task  # noqa: E402
+from trainfit.verify import fp16_underflow_fraction  # noqa: E402
+
+MODEL_CONFIG = "n_layer=2,d_model=64,n_head=2"
+SEQ, MICRO_BATCH = 32, 16
+
+
+def unscaled(policy):
+    policy.scaler = NoScaler()  # the fp16 policy, minus its loss scaler: what fp16 training is without it
+    return policy
+
+
+VARIANTS = {
+    "fp32": lambda: make_precision("fp32"),
+    "bf16-mixed": lambda: make_precision("bf16-mixed"),
+    "fp16-mixed": lambda: make_precision("fp16-mixed"),
+    "fp16-true": lambda: make_precision("fp16-true"),
+    "fp16-mixed, no loss scaling": lambda: unscaled(AutocastMixed(dtype=torch.float16)),
+    "fp16-true, no loss scaling": lambda: unscaled(HalfWithMaster(dtype=torch.float16)),
+}
+
+
+def lost_share(ref: torch.Tensor, got: torch.Tensor) -> float:
+    """Share of the reference's non-zero gradient values that are exactly zero here (same weights, same batch)."""
+    nz = ref != 0
+    return float(((got == 0) & nz).sum()) / max(int(nz.sum()), 1)
+
+
+def train_one(name: str, model0, task, windows, ref_step1: torch.Tensor | None, quiet: bool = False) -> dict:
+    model = copy.deepcopy(model0)
+    precision = VARIANTS[name]()
+    precision.prepare(model)
+    opt = torch.optim.AdamW(precision.optimizer_params(model), lr=3e-3)
+    zeros, would_underflow, first = [], [], []
+
+    def probe(optimizer, args, kwargs):  # runs before every optimizer step, on the unscaled fp32 gradients
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        flat = torch.cat([g.detach().float().flatten() for g in grads])
+        zeros.append(float((flat == 0).float().mean()))
+        if not first:
+            first.append(flat.clone())
+        if name == "fp32":
+            would_underflow.append(fp16_underflow_fraction(grads))
+
+    opt.register_step_pre_hook(probe)
+    losses, skipped, scales = [], [], []
+    t0 = time.perf_counter()
+    for i, window in enumerate(windows):
+        r = trainfit.optimizer_step(model=model, optimizer=opt, precision=precision, micro_batches=window,
+                                    loss_fn=task.loss, count_fn=task.count, grad_clip=1.0)
+        losses.append(r.loss)
+        scales.append(r.loss_scale)
+        if not r.stepped:
+            skipped.append(i + 1)
+    out = {"loss": losses, "skipped_steps": skipped, "loss_scale": scales, "wall_s": time.perf_counter() - t0,
+           "zero_grad_share_median": statistics.median(zeros) if zeros else None, "zero_grad_share": zeros}
+    out["step1_grads"] = first[0]
+    if ref_step1 is not None:
+        out["lost_at_step1_share"] = lost_share(ref_step1, first[0])
+    if would_underflow:
+        out["fp16_underflow_share"] = would_underflow
+        out["fp16_underflow_share_median"] = statistics.median(would_underflow)
+    if not quiet:
+        print(f"{name:<28} loss {losses[0]:.4f} -> {losses[-1]:.4f}  skipped {len(skipped)}  zero grads "
+              f"{out['zero_grad_share_median']:.4f}  lost at step 1 {out.get('lost_at_step1_share', 0):.4%}  "
+              f"fp16 underflow (fp32 run) {out.get('fp16_underflow_share_median', math.nan):.4%}  "
+              f"{out['wall_s']:.0f}s", file=sys.stderr)
+    return out
+
+
+SWEEP = (1, 4, 16, 64)
+"""Micro-batches per optimizer step for the underflow sweep (loss normalised by all their tokens)."""
+
+
+def sweep(model0, task, ds, ks) -> list[dict]:
+    """One optimizer step at growing tokens per step: what unscaled fp16 loses grows as 1/tokens shrinks grads.
+
+    The loss is the window's sum over its token count, so every activation gradient in backward is divided
+    by the tokens of the whole window: more accumulation, smaller values, more of them below fp16's range.
+    """
+    rows = []
+    for k in ks:
+        window = [task.collate([ds[(i * MICRO_BATCH + j) % len(ds)] for j in range(MICRO_BATCH)]) for i in range(k)]
+        ref = train_one("fp32", model0, task, [window], None, quiet=True)
+        row = {"accumulation": k, "tokens": sum(task.count(mb) for mb in window),
+               "fp32_grads_underflowing_in_fp16": ref["fp16_underflow_share"][0]}
+        for name in ("fp16-mixed", "fp16-mixed, no loss scaling", "fp16-true, no loss scaling"):
+            row[name] = train_one(name, model0, task, [window], ref["step1_grads"], quiet=True)["lost_at_step1_share"]
+        print(f"sweep k={k}: {row}", file=sys.stderr)
+        rows.append(row)
+    return rows
+
+
+def tail_mean(xs: list[float], n: int = 10) -> float:
+    finite = [x for x in xs[-n:] if math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    styles = {"fp32": ("black", "-"), "bf16-mixed": ("#4C72B0", "-"), "fp16-mixed": ("#55A868", "-"),
+              "fp16-true": ("#8172B3", "--"), "fp16-mixed, no loss scaling": ("#C44E52", "-"),
+              "fp16-true, no loss scaling": ("#DD8452", "--")}
+    for name, r in res["runs"].items():
+        c, ls = styles[name]
+        a.plot(range(1, len(r["loss"]) + 1), r["loss"], color=c, ls=ls, lw=1.3, label=name)
+    a.set_xlabel("optimizer step")
+    a.set_ylabel("training loss")
+    a.set_title("Same weights, same batches, six precision policies", fontsize=10)
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    names = list(res["runs"])
+    shares = [100 * res["runs"][n].get("lost_at_step1_share", 0.0) for n in names]
+    b.barh(names, shares, color=[styles[n][0] for n in names])
+    ref = 100 * res["runs"]["fp32"].get("fp16_underflow_share_median", 0)
+    b.axvline(ref, color="black", ls=":", lw=1.2, label=f"fp32 grads that underflow in fp16: {ref:.1f}%")
+    b.invert_yaxis()
+    b.set_xlabel("fp32's non-zero gradient values that are 0 here, step 1 (%)")
+    b.legend(fontsize=8, loc="lower right")
+    b.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    task = make_task("gpt-tiny", model_config=MODEL_CONFIG, seq_len=SEQ, seed=0, dataset_size=MICRO_BATCH * args.steps)
+    ds = task.dataset()
+    batches = [[task.collate([ds[i * MICRO_BATCH + j] for j in range(MICRO_BATCH)])] for i in range(args.steps)]
+    model0 = task.build_model()
+    res = {"model": f"gpt-tiny {MODEL_CONFIG}", "seq_len": SEQ, "micro_batch": MICRO_BATCH, "accumulation": 1,
+           "steps": args.steps, "optimizer": "AdamW lr 3e-3, clip 1.0", "threads": args.threads,
+           "n_params": sum(p.numel() for p in model0.parameters()), "runs": {}}
+    ref = None
+    for name in VARIANTS:  # fp32 first: its first-step gradients are the reference
+        r = train_one(name, model0, task, batches, ref)
+        step1 = r.pop("step1_grads")
+        ref = step1 if ref is None else ref
+        res["runs"][name] = r
+    res["tokens_sweep"] = sweep(model0, task, ds, (1, 2) if args.steps < 10 else SWEEP)
+    if args.steps < 10:
+        return  # smoke run
+    RESULTS.mkdir(exist_ok=True)
+    plot(res, RESULTS / "precision_fidelity.png")
+    write_results("precision_fidelity", res, markdown(res))
+
+
+def markdown(res: dict) -> str:
+    ref = tail_mean(res["runs"]["fp32"]["loss"])
+    rows = [f"Built-in GPT ({res['model']}, {res['n_params']:,} parameters), seq {res['seq_len']}, micro-batch "
+            f"{res['micro_batch']}, {res['steps']} steps, {res['optimizer']}; same initial weights and batches for "
+            "every policy.", "", "![loss curves](precision_fidelity.png)", "",
+            "| policy | first loss | mean loss, last 10 steps | vs fp32 | skipped steps | fp32's non-zero gradient "
+            "values lost (exactly 0) at step 1 |", "|---|---|---|---|---|---|"]
+    for name, r in res["runs"].items():
+        tm = tail_mean(r["loss"])
+        rows.append(f"| {name} | {r['loss'][0]:.4f} | {tm:.4f} | {tm - ref:+.4f} | {len(r['skipped_steps'])} | "
+                    f"{100 * r.get('lost_at_step1_share', 0.0):.3f}% |")
+    u = res["runs"]["fp32"]["fp16_underflow_share"]
+    rows += ["", f"Share of the fp32 run's non-zero gradient values that round to zero in fp16 (what unscaled fp16 "
+                 f"loses): median {100 * statistics.median(u):.2f}%, first step {100 * u[0]:.2f}%, last step "
+                 f"{100 * u[-1]:.2f}%."]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
