@@ -1,4 +1,8 @@
-"""``trainfit profile``: where each step's time goes, MFU, and ordered advice."""
+"""``trainfit profile``: where each step's time goes, MFU, and ordered advice.
+
+Under torchrun (``torchrun --nproc_per_node=N -m trainfit profile --strategy ddp ...``) every
+rank joins the process group and profiles; rank 0 prints the report.
+"""
 
 from __future__ import annotations
 
@@ -41,8 +45,7 @@ def parse_bandwidth(text: str) -> float:
 
 
 def run(args) -> int:
-    from trainfit.measure.profile import ProfileOptions, profile
-    from trainfit.train import build_run
+    from trainfit.measure.profile import ProfileOptions
 
     cfg = config_from_args(args)  # validates --steps (>= 1) with the other flags
     if args.plot:  # fail before profiling, not after
@@ -53,19 +56,15 @@ def run(args) -> int:
     options = ProfileOptions(steps=cfg.steps if args.steps is not None else DEFAULT_STEPS, warmup=args.warmup,
                              batch_probe=not args.no_batch_probe, overlap=args.overlap, trace_dir=args.trace,
                              bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth) if args.bandwidth else None)
-    strategy = None
-    if args.device == "cuda":
-        import torch
+    from trainfit.strategies import launch
+    from trainfit.strategies import process_group as pg
 
-        from trainfit.strategies.base import Single
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--device", "cuda", "cpu (no CUDA device is visible)")
-        if cfg.strategy != "single":
-            raise ConfigError("--device", "cuda", "only with strategy=single (distributed runs pick their device)")
-        strategy = Single("cuda")
-    report = profile(build_run(cfg, strategy=strategy), options)
-    if report["rank"] != 0:  # every rank profiles (collectives); rank 0 reports
+    launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: every rank profiles
+    try:
+        report = _profile(cfg, args, options)
+    finally:
+        pg.destroy()
+    if report["rank"] != 0:  # rank 0 reports
         return 0
     if args.plot:
         from trainfit.measure.profile_plot import plot_profile
@@ -80,6 +79,24 @@ def run(args) -> int:
     else:
         print(format_report(report), file=sys.stderr)
     return 0
+
+
+def _profile(cfg, args, options) -> dict:
+    from trainfit.measure.profile import profile
+    from trainfit.train import build_run
+
+    strategy = None
+    if args.device == "cuda":
+        import torch
+
+        from trainfit.strategies.base import Single
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device", "cuda", "cpu (no CUDA device is visible)")
+        if cfg.strategy != "single":
+            raise ConfigError("--device", "cuda", "only with strategy=single (distributed runs pick their device)")
+        strategy = Single("cuda")
+    return profile(build_run(cfg, strategy=strategy), options)
 
 
 def format_report(r: dict) -> str:

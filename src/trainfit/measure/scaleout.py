@@ -28,7 +28,8 @@ def bandwidth(run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
     st = run.strategy
     if st.world_size > 1:  # time real all-reduces on the live process group
         n = st.world_size
-        big = torch.zeros(max(1, min(grad_bytes, 64 * 2**20) // 4), device=st.device)
+        # At least 16 MiB, so that the bandwidth term outweighs latency and noise.
+        big = torch.zeros(min(max(grad_bytes, 16 * 2**20), 64 * 2**20) // 4, device=st.device)
         small = torch.zeros(1, device=st.device)
 
         def timed(t: torch.Tensor) -> float:
@@ -42,7 +43,9 @@ def bandwidth(run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
 
         t_small, t_big = timed(small), timed(big)
         latency = t_small / (2 * (n - 1))
-        bw = 2 * (n - 1) / n * big.numel() * 4 / max(t_big - t_small, 1e-9)
+        sent = 2 * (n - 1) / n * big.numel() * 4
+        # Subtract the latency part when it is clearly smaller; else bound the bandwidth from below.
+        bw = sent / (t_big - t_small if t_big > 2 * t_small else t_big)
         return bw, latency if opts.latency_s is None else opts.latency_s, \
             f"measured: all-reduce of {big.numel() * 4:,} bytes on the live {n}-process group"
     if st.device.type == "cpu":
