@@ -10,7 +10,6 @@ policy is measured as it really runs. The step does not know it is measured.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -158,8 +157,7 @@ def measure_memory(cfg: RunConfig, *, batch: Any = None, run=None) -> MemoryRepo
     mb = given if given is not None else example_batch(run.task, cfg.micro_batch)
     mb = to_device(mb, run.strategy.device)
     micro_batches = [mb] * cfg.accumulation
-    warm_up(run, micro_batches)
-    gc.collect()  # drop the warm-up step's leftovers before counting
+    warm_up(run, micro_batches)  # its leftovers are freed by refcount; no gc.collect (slow with HF loaded)
     cuda = run.strategy.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()

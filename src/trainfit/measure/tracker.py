@@ -30,7 +30,6 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
 PHASES = ("setup", "forward", "backward", "optimizer")
@@ -44,11 +43,25 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) else t
 
 
-def _storage_ref(t: torch.Tensor) -> StorageWeakRef | None:
-    t = local_tensor(t)
+_expired = torch.UntypedStorage._expired  # the check StorageWeakRef.expired() wraps, minus a call
+
+
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    """Tensors in op arguments/outputs (flat lists and tuples; cheaper than a pytree walk)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            if isinstance(y, torch.Tensor):
+                yield y
+            elif isinstance(y, (list, tuple)):
+                yield from _tensors(y)
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
     try:
-        return StorageWeakRef(t.untyped_storage())
-    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, no storage
+        return local_tensor(t).untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, TypeError):
         return None
 
 
@@ -126,19 +139,16 @@ class MemoryTracker(TorchDispatchMode):
         self._module_names = {id(m): n for n, m in model.named_modules()}
 
     def _add(self, t: torch.Tensor, part: str, *, force: bool = False) -> _Entry | None:
-        ref = _storage_ref(t)
-        if ref is None:
+        key = _storage_key(t)
+        if key is None:
             return None
-        key = ref.cdata
         e = self._entries.get(key)
         if e is None:
-            try:
-                nbytes = local_tensor(t).untyped_storage().nbytes()
-            except (RuntimeError, NotImplementedError):
-                return None
-            e = self._entries[key] = _Entry(ref, nbytes, part)
-            self.totals[part] += nbytes
-            self.live_bytes += nbytes
+            storage = local_tensor(t).untyped_storage()
+            # The weak reference keeps the key (the StorageImpl address) from being reused while tracked.
+            e = self._entries[key] = _Entry(StorageWeakRef(storage), storage.nbytes(), part)
+            self.totals[part] += e.nbytes
+            self.live_bytes += e.nbytes
         elif force and e.part != part:
             self._move(e, part)
         if e.part in _PERSISTENT:
@@ -153,21 +163,23 @@ class MemoryTracker(TorchDispatchMode):
         e.part = part
 
     def _sweep(self, keys: Iterable[int]) -> None:
-        for key in list(keys):
-            e = self._entries[key]
-            if e.ref.expired():
-                del self._entries[key]
-                self._volatile.discard(key)
-                self.totals[e.part] -= e.nbytes
-                self.live_bytes -= e.nbytes
+        for key in [k for k in keys if _expired(k)]:  # key: the storage's cdata, held weakly
+            e = self._entries.pop(key)
+            self._volatile.discard(key)
+            self.totals[e.part] -= e.nbytes
+            self.live_bytes -= e.nbytes
 
     def sweep_all(self) -> None:
         self._sweep(self._entries)
 
     def _refresh_grads(self) -> None:
+        entries = self._entries
         for t in self._grad_holders:
             g = t.grad
             if g is not None:
+                e = entries.get(_storage_key(g))
+                if e is not None and e.part == "grads":
+                    continue
                 e = self._add(g, "grads")
                 if e is not None and e.part != "grads":
                     self._move(e, "grads")
@@ -206,15 +218,17 @@ class MemoryTracker(TorchDispatchMode):
             except Exception:  # data-dependent: the value is unknowable without running
                 return _scalar_stub(args[0])
         out = func(*args, **kwargs)
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                ref = _storage_ref(t)
-                if ref is not None and ref.cdata not in self._entries:
-                    self._add(t, "temporaries")  # created before tracking began (e.g. the batch)
+        entries = self._entries
+        for t in _tensors(args):
+            if _storage_key(t) not in entries:
+                self._add(t, "temporaries")  # created before tracking began (e.g. the batch)
+        for t in _tensors(tuple(kwargs.values())):
+            if _storage_key(t) not in entries:
+                self._add(t, "temporaries")
         if "resize" in func.__name__:  # storage resized in place (FSDP2 frees/regrows params this way)
             self._resize(args[0])
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
+        for t in _tensors(out):
+            if _storage_key(t) not in entries:
                 self._add(t, "temporaries")
         self._after_op()
         return out
@@ -222,8 +236,7 @@ class MemoryTracker(TorchDispatchMode):
     def _resize(self, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
             return
-        ref = _storage_ref(t)
-        e = self._entries.get(ref.cdata) if ref is not None else None
+        e = self._entries.get(_storage_key(t))
         if e is not None:
             n = local_tensor(t).untyped_storage().nbytes()
             self.totals[e.part] += n - e.nbytes
