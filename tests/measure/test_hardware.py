@@ -56,3 +56,24 @@ def _timed(fn, time):
 def test_loopback_bandwidth_is_positive():
     bw, latency = hardware.measure_loopback(nbytes=2**20, pings=5)
     assert bw > 1e6 and 0 < latency < 0.1
+
+
+class _FakeRun:
+    def __init__(self, device, precision="bf16-mixed"):
+        from types import SimpleNamespace
+
+        self.strategy = SimpleNamespace(device=torch.device(device))
+        self.cfg = SimpleNamespace(precision=precision)
+
+
+@pytest.mark.parametrize("name, known", [("NVIDIA H200", True), ("NVIDIA Imaginary 9000", False)])
+def test_profile_peak_on_a_gpu_is_the_table_row_or_null(monkeypatch, name, known):
+    from trainfit.measure.profile import _peak
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    peak, dtype, source = _peak(_FakeRun("cuda:0"))
+    assert dtype == "bf16"
+    if known:
+        assert peak == pytest.approx(989.5e12) and "H200" in source and "datasheet" in source
+    else:
+        assert peak is None and "not in the peak table" in source and name in source

@@ -58,3 +58,21 @@ def test_timed_step_is_bitwise_the_untimed_step():
 
 def test_null_timer_is_one_shared_no_op():
     assert NULL_TIMER.phase("a") is NULL_TIMER.phase("b")
+
+
+def test_train_logs_the_breakdown_to_metrics_jsonl(tmp_path):
+    import json
+
+    from trainfit.config import make_config
+    from trainfit.train import train
+
+    cfg = make_config({"model_config": "n_layer=1,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2,
+                       "accumulation": 2, "steps": 2, "run_dir": str(tmp_path)})
+    train(cfg, progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    for m in lines:
+        parts = m["data_wait_s"] + m["forward_s"] + m["backward_s"] + m["backward_sync_s"] + m["optimizer_s"]
+        assert all(m[k] > 0 for k in ("forward_s", "backward_s", "backward_sync_s", "optimizer_s"))
+        assert parts <= m["step_s"]  # exclusive phases inside the step's wall time
+        assert 0 <= m["data_wait_frac"] <= 1 and m["tokens_per_s"] > 0
