@@ -99,8 +99,10 @@ def test_bad_input_fails_before_any_step(job):
 
 def test_grad_sync_setting_defers_or_syncs_each_micro_batch(job):
     out = json.loads((job / "grad_sync.json").read_text())
+    units = out.pop("fsdp_units")
     assert out == {"ddp-deferred": False, "ddp-per-micro-batch": True,
                    "zero2-deferred": False, "zero2-per-micro-batch": True}
+    assert units == ["", "blocks.0", "blocks.1"]  # one FSDP unit per block, then the root
 
 
 def test_dead_rank_stops_the_other_with_a_clear_error(job):

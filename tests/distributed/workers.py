@@ -88,7 +88,10 @@ def grad_sync_observables(rank: int, root: Path) -> None:
             else:
                 out[f"{strategy}-{sync}"] = all(p.grad is not None for p in run.model.parameters())
             if strategy == "zero2":  # leave FSDP2 in a clean state: finish the window with a synced pass
+                from torch.distributed.fsdp import FSDPModule
+
                 run.model.set_requires_gradient_sync(True)
+                out["fsdp_units"] = [n for n, m in run.model.named_modules() if isinstance(m, FSDPModule)]
     if rank == 1:
         write_json(root / "grad_sync.json", out)
 
