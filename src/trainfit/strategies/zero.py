@@ -38,10 +38,9 @@ from trainfit.strategies.ddp import Distributed
 
 def mixed_precision_policy(precision) -> MixedPrecisionPolicy:
     """The FSDP2 policy for a precision (asks the precision; never the other way round)."""
-    param, reduce = FSDP_DTYPES[precision.name]
-    as_dtype = lambda n: None if n is None else getattr(torch, n)  # noqa: E731
-    assert param is None or as_dtype(param) == precision.autocast_dtype
-    return MixedPrecisionPolicy(param_dtype=as_dtype(param), reduce_dtype=as_dtype(reduce))
+    param, reduce = (None if n is None else getattr(torch, n) for n in FSDP_DTYPES[precision.name])
+    assert param is None or param == precision.autocast_dtype
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
 
 class FSDP(Distributed):
@@ -56,7 +55,8 @@ class FSDP(Distributed):
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         kw = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mixed_precision_policy(precision))
         modules = dict(model.named_modules())
-        for name in block_names:  # innermost first is not needed: blocks are disjoint
+        # Innermost first (FSDP2 needs children sharded before their parents), then the root.
+        for name in sorted(block_names, key=lambda n: -n.count(".")):
             fully_shard(modules[name], **kw)
         fully_shard(model, **kw)
         return model
