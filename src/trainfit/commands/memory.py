@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from trainfit.cli import add_run_flags, config_from_args
 
@@ -59,7 +58,6 @@ def run(args) -> int:
         make_report = functools.partial(estimate_memory, world_size=args.world, strategy=cfg.strategy)
     else:
         from trainfit.measure.memory import measure_memory as make_report
-    print(f"trainfit memory: {args.method} {cfg.model} ...", file=sys.stderr)
     report = make_report(cfg)
     other = make_report(cfg, batch=second_batch(report.batch))
     scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))

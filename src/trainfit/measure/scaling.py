@@ -66,7 +66,7 @@ class BatchScaling:
             p = self.parts_at(1)
             raise ConfigError(
                 "budget", fmt_bytes(budget_bytes),
-                f"at least {fmt_bytes(self.peak_at(1))}: micro-batch 1 already needs that (params "
+                f"at least {fmt_bytes(self.peak_at(1))}: not even micro-batch 1 fits (params "
                 f"{fmt_bytes(p['params'])}, grads {fmt_bytes(p['grads'])}, optimizer {fmt_bytes(p['optimizer'])}, "
                 f"activations {fmt_bytes(p['activations'])})",
                 "raise the budget, or shrink the step: --checkpointing full, --precision bf16-true, "
