@@ -30,7 +30,11 @@ from trainfit.plan.sources import calibrated_links, links_provider, measure_step
 CLOCK = time.thread_time
 """Step CPU time of the one torch thread (set in main): the machine is shared, and another process's load
 changes wall time by multiples but this thread's CPU time barely. On an idle machine the two agree."""
-MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
+MODELS = [
+    {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64},
+    {"model": "hf:LlamaForCausalLM", "model_config": "vocab_size=256,num_hidden_layers=2,hidden_size=64,"
+     "num_attention_heads=4,num_key_value_heads=2,intermediate_size=128", "seq_len": 64},
+]
 GRID = [(p, ck, mb, acc) for p in ("fp32", "bf16-mixed") for ck in ("none", "full") for mb, acc in ((3, 1), (6, 2))]
 
 
@@ -40,36 +44,38 @@ def main() -> None:
     out = Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    base = make_config(MODEL)
-    bases: dict = {}
-
-    def basis(p, ck):
-        if (p, ck) not in bases:
-            bases[(p, ck)] = report_basis(base, p, ck, source="estimate")
-        return bases[(p, ck)]
-
-    plain = links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None)
-    links = calibrated_links(base, plain, basis, clock=CLOCK)
     rows = []
-    for p, ck, mb, acc in GRID:
-        b = basis(p, ck)
-        c = Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing=ck, strategy="single",
-                      grad_sync="deferred", n=1)
-        cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc}, base=base)
-        pred_mem, pred_t = memory(b, c).peak_bytes, step_time(b, c, links(p, ck)).step_s
-        meas_mem, meas_t = measure_memory(cfg).peak_bytes, measure_step_s(cfg, clock=CLOCK)
-        rows.append({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc,
-                     "pred_peak_bytes": int(pred_mem), "meas_peak_bytes": int(meas_mem),
-                     "mem_err": pred_mem / meas_mem - 1, "pred_step_s": pred_t, "meas_step_s": meas_t,
-                     "time_err": pred_t / meas_t - 1, "basis": b.source})
-        print(json.dumps(rows[-1]), flush=True)
+    for spec in MODELS:
+        base = make_config(spec)
+        bases: dict = {}
+
+        def basis(p, ck, base=base, bases=bases):
+            if (p, ck) not in bases:
+                bases[(p, ck)] = report_basis(base, p, ck, source="estimate")
+            return bases[(p, ck)]
+
+        plain = links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None)
+        links = calibrated_links(base, plain, basis, clock=CLOCK)
+        for p, ck, mb, acc in GRID:
+            b = basis(p, ck)
+            c = Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing=ck, strategy="single",
+                          grad_sync="deferred", n=1)
+            cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": mb, "accumulation": acc},
+                              base=base)
+            pred_mem, pred_t = memory(b, c).peak_bytes, step_time(b, c, links(p, ck)).step_s
+            meas_mem, meas_t = measure_memory(cfg).peak_bytes, measure_step_s(cfg, clock=CLOCK)
+            rows.append({"model": spec["model"], "precision": p, "checkpointing": ck, "micro_batch": mb,
+                         "accumulation": acc, "pred_peak_bytes": int(pred_mem), "meas_peak_bytes": int(meas_mem),
+                         "mem_err": pred_mem / meas_mem - 1, "pred_step_s": pred_t, "meas_step_s": meas_t,
+                         "time_err": pred_t / meas_t - 1, "basis": b.source})
+            print(json.dumps(rows[-1]), flush=True)
     meta = {"command": "python benchmarks/planner_accuracy.py", "torch_threads": torch.get_num_threads(),
-            "model": MODEL, "rows": rows}
+            "models": MODELS, "rows": rows}
     (out / "planner_accuracy.json").write_text(json.dumps(meta, indent=1))
-    lines = ["| precision | ckpt | mb x acc | predicted peak | measured peak | error | predicted step s | "
-             "measured step s | error |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | precision | ckpt | mb x acc | predicted peak | measured peak | error | predicted step s | "
+             "measured step s | error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['precision']} | {r['checkpointing']} | {r['micro_batch']} x {r['accumulation']} | "
+        lines.append(f"| {r['model']} | {r['precision']} | {r['checkpointing']} | {r['micro_batch']} x {r['accumulation']} | "
                      f"{r['pred_peak_bytes']:,} | {r['meas_peak_bytes']:,} | {r['mem_err']:+.1%} | "
                      f"{r['pred_step_s']:.4f} | {r['meas_step_s']:.4f} | {r['time_err']:+.0%} |")
     (out / "planner_accuracy.md").write_text(

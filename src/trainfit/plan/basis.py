@@ -70,12 +70,13 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
 
 
 def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_per_sample: float,
-                       n_blocks: int) -> Basis:
+                       n_blocks: int, acc_reports: tuple | None = None) -> Basis:
     """A basis from two memory reports of the same run at micro-batches ``r1.batch < r2.batch``.
 
     Each of activations and temporaries at the peak is fitted as fixed + per-sample x batch;
     the gradients missing at a single micro-batch's backward peak are kept apart so that
-    accumulation (where all gradients are live) adds them back.
+    accumulation (where all gradients are live) adds them back. ``acc_reports``: the same two
+    batches at accumulation 2, fitted separately for windows of several micro-batches.
     """
     if not r2.batch > r1.batch:
         raise ValueError(f"reports need two different batches, got {r1.batch} and {r2.batch}")
@@ -92,6 +93,15 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
     db = r2.batch - r1.batch
     act_ps, temp_ps = (a2 - a1) / db, (t2 - t1) / db
     opt_phase = r2.phases.get("optimizer", {}).get("peak", 0)
+    acc_fixed = acc_ps = None
+    if acc_reports is not None:
+        def extra(r):
+            peak = max(r.phases.get(ph, {}).get("peak", 0) for ph in ("forward", "backward"))
+            return peak - (r.params_bytes + r.grads_bytes + r.optimizer_bytes)
+
+        (q1, q2) = acc_reports
+        acc_ps = (extra(q2) - extra(q1)) / (q2.batch - q1.batch)
+        acc_fixed = extra(q2) - acc_ps * q2.batch
     _, _, _, cb = PRECISION_BYTES[r2.precision]
     return Basis(
         precision=r2.precision, checkpointing=r2.checkpointing, n_params=r2.n_params, n_blocks=n_blocks,
@@ -101,6 +111,8 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
         temp_fixed_bytes=t2 - temp_ps * r2.batch, temp_per_sample_bytes=temp_ps,
         step_temp_bytes=max(0.0, opt_phase - (r2.params_bytes + r2.grads_bytes + r2.optimizer_bytes)),
         model_flops_per_sample=model_flops_per_sample, hardware_flops_per_sample=hardware_flops_per_sample,
+        acc_extra_fixed_bytes=acc_fixed, acc_extra_per_sample_bytes=acc_ps,
         grad_comm_bytes=r2.n_params * 4.0, param_comm_bytes=r2.n_params * float(cb),
-        source=f"{r2.method} memory reports at micro-batch {r1.batch} and {r2.batch}",
+        source=f"{r2.method} memory reports at micro-batch {r1.batch} and {r2.batch}"
+               + (" (and at accumulation 2)" if acc_reports else ""),
     )

@@ -62,6 +62,11 @@ class Basis:
     """Forward + backward FLOPs of one sample, recompute excluded."""
     hardware_flops_per_sample: float
     """As executed: recompute included."""
+    acc_extra_fixed_bytes: float | None = None
+    acc_extra_per_sample_bytes: float | None = None
+    """When known (from reports at accumulation 2): the forward/backward peak minus the whole model state,
+    as fixed + per-sample, for windows of several micro-batches -- where the peak can move (e.g. under
+    checkpointing) once the previous micro-batches' gradients are live. None: activations + temporaries."""
     grad_comm_bytes: float
     """Gradient bytes as reduced (fp32 reduce dtype)."""
     param_comm_bytes: float
@@ -121,6 +126,8 @@ def memory(b: Basis, c: Candidate) -> Memory:
         params = params / n + 2 * block_compute  # the gathered block and the prefetched next one
     act = b.act_fixed_bytes + b.act_per_sample_bytes * c.micro_batch
     temp = b.temp_fixed_bytes + b.temp_per_sample_bytes * c.micro_batch
+    if c.accumulation > 1 and b.acc_extra_per_sample_bytes is not None:
+        temp = b.acc_extra_fixed_bytes + b.acc_extra_per_sample_bytes * c.micro_batch - act
     peak = max(params + grads + opt + act + temp, params + step_grads + opt + b.step_temp_bytes)
     return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
                   temporaries_bytes=temp, peak_bytes=peak)

@@ -46,6 +46,8 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
     # Two micro-batches large enough that activations dominate the forward/backward peak: at 1
     # the peak can sit at a different moment (late in backward), which a line through it misses.
     r1, r2 = rep(cfg, BASIS_BATCHES[0]), rep(cfg, BASIS_BATCHES[1])
+    cfg2 = make_config({"accumulation": 2}, base=cfg)
+    q1, q2 = rep(cfg2, BASIS_BATCHES[0]), rep(cfg2, BASIS_BATCHES[1])
     task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
                      dataset_size=cfg.dataset_size)
     counter = FlopCounter(build_model=task.build_model, block_names=task.block_names, loss_fn=task.loss,
@@ -56,7 +58,7 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
     with torch.device("meta"):
         n_blocks = len(task.block_names(task.build_model()))
     return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
-                              n_blocks=max(n_blocks, 1))
+                              n_blocks=max(n_blocks, 1), acc_reports=(q1, q2))
 
 
 def basis_provider(base_cfg, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
