@@ -52,10 +52,10 @@ def _overhead(run, steps: int = 40) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from profile_overhead import one_step
 
-    from trainfit.measure.profile import _loader
+    from trainfit.measure.profile import step_batches
     from trainfit.measure.timers import PhaseTimer
 
-    batches, timer = _loader(run, run.cfg.micro_batch, start_step=50_000), PhaseTimer(run.strategy.device)
+    batches, timer = step_batches(run, run.cfg.micro_batch, start_step=50_000), PhaseTimer(run.strategy.device)
 
     def synced(t):
         s = one_step(run, batches, t)

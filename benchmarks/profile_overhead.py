@@ -28,7 +28,7 @@ import torch
 
 from trainfit.config import make_config
 from trainfit.engine import optimizer_step
-from trainfit.measure.profile import _TimedStrategy, _loader
+from trainfit.measure.profile import TimedStrategy, step_batches
 from trainfit.measure.timers import PhaseTimer
 from trainfit.tasks.base import to_device
 from trainfit.train import build_run
@@ -48,7 +48,7 @@ def one_step(run, batches, timer: PhaseTimer | None) -> float:
         with timer.phase("h2d"):
             mbs = [to_device(mb, st.device) for mb in host]
         optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision, micro_batches=mbs,
-                       loss_fn=run.task.loss, count_fn=run.task.count, strategy=_TimedStrategy(st, timer),
+                       loss_fn=run.task.loss, count_fn=run.task.count, strategy=TimedStrategy(st, timer),
                        grad_clip=run.cfg.grad_clip, timer=timer)
         timer.collect()
     return time.perf_counter() - t0
@@ -87,7 +87,7 @@ def main() -> None:
     cfg = make_config({"model_config": args.model_config, "seq_len": args.seq, "micro_batch": args.micro_batch,
                        "accumulation": args.accumulation})
     run = build_run(cfg)
-    batches = _loader(run, cfg.micro_batch)
+    batches = step_batches(run, cfg.micro_batch)
     timer = PhaseTimer(run.strategy.device)
     for _ in range(10):  # warm-up both paths
         one_step(run, batches, None)

@@ -22,13 +22,13 @@ CFG = {"model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 32, "micro_ba
 def single_then_ddp(rank: int, root: Path, steps: int) -> None:
     from trainfit.config import make_config
     from trainfit.measure import scaleout
-    from trainfit.measure.profile import ProfileOptions, _loader, run_steps
+    from trainfit.measure.profile import ProfileOptions, run_steps, step_batches
     from trainfit.strategies.base import Single
     from trainfit.train import build_run
 
     cfg = make_config(CFG)
     one, ddp = build_run(cfg, strategy=Single("cpu")), build_run(dataclasses.replace(cfg, strategy="ddp"))
-    b_one, b_ddp = _loader(one, cfg.micro_batch), _loader(ddp, cfg.micro_batch)
+    b_one, b_ddp = step_batches(one, cfg.micro_batch), step_batches(ddp, cfg.micro_batch)
     run_steps(one, b_one, steps=0, warmup=3)
     run_steps(ddp, b_ddp, steps=0, warmup=3)
     rows_one, rows_ddp = [], []

@@ -71,7 +71,7 @@ class ProfileOptions:
             check_number("bandwidth", self.bandwidth_bytes_per_s, minimum=0.0)
 
 
-class _TimedStrategy:
+class TimedStrategy:
     """The run's strategy with its explicit collectives inside a ``comm`` phase."""
 
     def __init__(self, inner, timer: PhaseTimer) -> None:
@@ -106,7 +106,7 @@ def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | Non
     """Warm-up + ``steps`` timed optimizer steps; one dict of seconds (and counts, FLOPs) per step."""
     st, cfg = run.strategy, run.cfg
     timer = PhaseTimer(st.device)
-    timed = _TimedStrategy(st, timer)
+    timed = TimedStrategy(st, timer)
     rows = []
     for i in range(warmup + steps):
         timed.calls = 0
@@ -149,7 +149,8 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
 
 
-def _loader(run, micro_batch: int, start_step: int = 0):
+def step_batches(run, micro_batch: int, start_step: int = 0):
+    """An iterator over this rank's micro-batches from ``start_step`` on (the run's loader settings)."""
     cfg, st = run.cfg, run.strategy
     return iter(make_loader(run.task.dataset(), run.task.collate, start_step=start_step, micro_batch=micro_batch,
                             accumulation=cfg.accumulation, rank=st.rank, world_size=st.world_size, seed=cfg.seed,
@@ -174,8 +175,12 @@ def _peak(run) -> tuple[float | None, str, str]:
     return None, dtype, f"no peak FLOP/s known for device type {dev.type!r}"
 
 
-def _cuda_busy(run, batches, steps: int, trace_dir: str | None) -> tuple[float | None, str | None]:
-    """Device busy fraction from the kernel timeline over ``steps`` extra steps; optional trace."""
+def _timeline(run, batches, steps: int, trace_dir: str | None) -> tuple[float | None, str | None]:
+    """(device busy fraction, trace path) from ``torch.profiler`` over ``steps`` extra steps.
+
+    The busy fraction is the union of CUDA kernel intervals over the steps' wall time (None on
+    CPU); the Chrome trace is written only when ``trace_dir`` is given.
+    """
     from torch.profiler import ProfilerActivity, profile as tprofile
 
     cuda = run.strategy.device.type == "cuda"
@@ -213,7 +218,7 @@ def _probe_batch(run, opts: ProfileOptions) -> tuple[float | None, tuple | None,
     medians of per-step compute throughput (data wait excluded).
     """
     m = run.cfg.micro_batch
-    small, big = _loader(run, m, start_step=10_000), _loader(run, 2 * m, start_step=20_000)
+    small, big = step_batches(run, m, start_step=10_000), step_batches(run, 2 * m, start_step=20_000)
     r_small, r_big = [], []
     try:
         run_steps(run, big, steps=1, warmup=1)
@@ -288,7 +293,7 @@ def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
         raise ConfigError("micro_batch", "auto", "a number for profiling", "pass --micro-batch N")
     flops = FlopCounter(build_model=run.task.build_model, block_names=run.task.block_names,
                         loss_fn=run.task.loss, policy=cfg.checkpointing)
-    batches = _loader(run, cfg.micro_batch)
+    batches = step_batches(run, cfg.micro_batch)
     rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops)
     parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}
     med = {k: v["median"] for k, v in parts.items()}
@@ -303,7 +308,7 @@ def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
     achieved_hw = sum(r["hardware_flops"] for r in counted) / counted_s
     busy, trace = (None, None)
     if st.device.type == "cuda" or options.trace_dir:
-        busy, trace = _cuda_busy(run, batches, min(3, options.steps), options.trace_dir)
+        busy, trace = _timeline(run, batches, min(3, options.steps), options.trace_dir)
     if busy is None:  # CPU: share of the step spent computing
         busy = frac["h2d_s"] + frac["forward_s"] + frac["backward_s"] + frac["optimizer_s"]
 
