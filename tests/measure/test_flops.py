@@ -82,3 +82,11 @@ def test_model_that_cannot_run_on_meta_falls_back_to_cpu():
     got = counter("none", loss=item_loss).step([torch.randn(B, 16)])
     assert got.counted_on == "cpu"
     assert got.model_flops == pytest.approx(FWD + BWD)
+
+
+def test_the_first_step_is_counted_even_beyond_the_budget():
+    c = counter("none")
+    c.max_counts = 1
+    shapes = [torch.randn(k, 16) for k in (1, 2, 3)]
+    assert c.step(shapes).model_flops == 6 * (FWD + BWD) // B  # 1 + 2 + 3 samples
+    assert c.step([torch.randn(5, 16)]) is None

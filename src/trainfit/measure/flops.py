@@ -101,9 +101,10 @@ class FlopCounter:
         return self._cache[key]
 
     def step(self, micro_batches: list) -> StepFlops | None:
-        """FLOPs of one optimizer step over ``micro_batches``; None when that would exceed ``max_counts``."""
+        """FLOPs of one optimizer step over ``micro_batches``; None when new shapes would exceed
+        ``max_counts`` (never for the first step counted)."""
         new = {_shape_key(mb) for mb in micro_batches} - set(self._cache)
-        if len(self._cache) + len(new) > self.max_counts:
+        if self._cache and len(self._cache) + len(new) > self.max_counts:  # the first step always counts
             return None
         counts = [self.micro_batch(mb) for mb in micro_batches]
         return StepFlops(model_flops=sum(c[0] for c in counts), hardware_flops=sum(c[1] for c in counts),
