@@ -1,0 +1,89 @@
+"""Planner accuracy on 2 gloo processes: predicted vs measured per-rank peak memory per strategy.
+
+    .venv/bin/python benchmarks/planner_accuracy_dist.py [--out benchmarks/results]
+
+The prediction comes from the single-device basis (``plan.sources.report_basis``, estimated at
+micro-batches 2 and 4, accumulation 1 and 2) scaled by ``plan.cost.memory`` for each strategy
+on n=2; the measurement is ``measure_memory`` inside rank 0 of 2 spawned gloo processes (file
+rendezvous, loopback). Writes planner_accuracy_dist.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import tempfile
+from pathlib import Path
+
+MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
+GRID = [(s, p, mb, acc, sync) for s in ("ddp", "zero1", "zero2", "zero3") for p in ("fp32", "bf16-mixed")
+        for mb, acc, sync in ((3, 1, "deferred"), (6, 2, "deferred"), (6, 2, "per-micro-batch"))
+        if sync == "deferred" or s in ("zero2", "zero3")]
+
+
+def rank_main(rank: int, root: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    import torch
+
+    torch.set_num_threads(1)
+    from trainfit.config import make_config
+    from trainfit.measure.memory import measure_memory
+    from trainfit.strategies import process_group as pg
+
+    pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=2, timeout_s=120)
+    out = []
+    for s, p, mb, acc, sync in GRID:
+        cfg = make_config({**MODEL, "strategy": s, "precision": p, "micro_batch": mb, "accumulation": acc,
+                           "grad_sync": sync})
+        out.append(measure_memory(cfg).peak_bytes)
+    Path(root, f"rank{rank}.json").write_text(json.dumps(out))
+    os._exit(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    out = Path(ap.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    root = tempfile.mkdtemp()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, root)) for r in range(2)]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(1800)
+    measured = [json.loads(Path(root, f"rank{r}.json").read_text()) for r in range(2)]
+
+    from trainfit.config import make_config
+    from trainfit.plan.cost import Candidate, memory
+    from trainfit.plan.sources import report_basis
+
+    base = make_config(MODEL)
+    bases: dict = {}
+    rows = []
+    for i, (s, p, mb, acc, sync) in enumerate(GRID):
+        b = bases.get(p) or report_basis(base, p, "none", source="estimate")
+        bases[p] = b
+        pred = memory(b, Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing="none",
+                                   strategy=s, grad_sync=sync, n=2)).peak_bytes
+        rows.append({"strategy": s, "precision": p, "micro_batch": mb, "accumulation": acc, "grad_sync": sync,
+                     "pred_peak_bytes": int(pred), "meas_peak_bytes_rank0": measured[0][i],
+                     "meas_peak_bytes_rank1": measured[1][i], "mem_err": pred / measured[0][i] - 1})
+        print(json.dumps(rows[-1]), flush=True)
+    (out / "planner_accuracy_dist.json").write_text(json.dumps(
+        {"command": "python benchmarks/planner_accuracy_dist.py", "model": MODEL, "rows": rows}, indent=1))
+    lines = ["| strategy | precision | mb x acc | sync | predicted peak/rank | measured rank 0 | measured rank 1 | "
+             "error |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['precision']} | {r['micro_batch']} x {r['accumulation']} | "
+                     f"{r['grad_sync']} | {r['pred_peak_bytes']:,} | {r['meas_peak_bytes_rank0']:,} | "
+                     f"{r['meas_peak_bytes_rank1']:,} | {r['mem_err']:+.1%} |")
+    (out / "planner_accuracy_dist.md").write_text(
+        "# Planner accuracy, 2 gloo processes (per-rank peak memory)\n\nCommand: "
+        "`python benchmarks/planner_accuracy_dist.py`\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
