@@ -1,0 +1,156 @@
+"""Memory estimate: time and RSS for Llama-shaped 7B and 70B steps, and how it compares.
+
+    .venv/bin/python benchmarks/memory_estimate.py            # 7B, 70B, and the measured small models
+    .venv/bin/python benchmarks/memory_estimate.py --quick    # 7B only
+
+Each big estimate runs in a fresh process (wall time includes importing torch and
+transformers; RSS is that process's peak). The comparison puts trainfit's estimate next to
+the model-state formulas of DeepSpeed's ZeRO estimators and Accelerate's ``estimate-memory``
+rule, implemented here from their documentation (DeepSpeed is not installed):
+
+- DeepSpeed ZeRO-2, no offload, per GPU: 4 B/param (fp16 weights + grads) + 16 B/param / GPUs
+  (``estimate_zero2_model_states_mem_needs``, docs "Memory Requirements").
+- DeepSpeed ZeRO-3, no offload, per GPU: 4 B x largest layer's params + 18 B/param / GPUs
+  (``estimate_zero3_model_states_mem_needs``).
+- Accelerate: "Training using Adam" = 4 x the model's size in the chosen dtype
+  (1x model, 1x gradients, 2x optimizer; docs "Model memory estimator").
+
+All three count model states only; none counts activations or temporaries.
+On the small models the real peak is *measured* (a real step, this machine) so every
+estimate can be read as a fraction of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+LLAMA = {
+    "7B": ("hidden_size=4096,intermediate_size=11008,num_hidden_layers=32,num_attention_heads=32,"
+           "num_key_value_heads=32,vocab_size=32000,max_position_embeddings=4096"),
+    "70B": ("hidden_size=8192,intermediate_size=28672,num_hidden_layers=80,num_attention_heads=64,"
+            "num_key_value_heads=8,vocab_size=32000,max_position_embeddings=4096"),
+}
+SMALL = [  # (label, model, model_config, seq, batch)
+    ("gpt-tiny (3.3M)", "gpt-tiny", "", 64, 8),
+    ("gpt2-shaped 5.3M", "gpt-tiny", "n_layer=6,d_model=256,n_head=4", 128, 8),
+]
+GIB = 2**30
+
+
+def deepspeed_zero2(n: int, gpus: int = 1) -> int:
+    return 4 * n + (16 * n) // gpus
+
+
+def deepspeed_zero3(n: int, largest_layer: int, gpus: int = 1) -> int:
+    return 4 * largest_layer + (18 * n) // gpus
+
+
+def accelerate_adam(n: int, dtype_bytes: int) -> int:
+    return 4 * n * dtype_bytes
+
+
+def largest_layer_params(model) -> int:
+    return max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+
+
+def child(size: str, shortcut: bool) -> None:
+    """One estimate in this process; prints JSON (estimate time, peak RSS, the report)."""
+    t0 = time.perf_counter()
+    from trainfit.config import make_config
+    from trainfit.measure.estimate import estimate_memory
+
+    cfg = make_config(dict(model="hf:LlamaForCausalLM", model_config=LLAMA[size], seq_len=4096, micro_batch=1,
+                           accumulation=1, precision="bf16-mixed", optimizer="adamw"))
+    t1 = time.perf_counter()
+    r = estimate_memory(cfg, shortcut=shortcut)
+    t2 = time.perf_counter()
+    import torch
+    import transformers
+
+    from trainfit.tasks.hf import parse_hf_config
+
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(parse_hf_config(transformers.LlamaConfig, LLAMA[size]))
+    print(json.dumps({"size": size, "estimate_s": t2 - t1, "import_s": t1 - t0,
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "largest_layer_params": largest_layer_params(model), "report": r.to_dict()}))
+
+
+def run_child(size: str, shortcut: bool = True) -> dict:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, __file__, "--child", size] + ([] if shortcut else ["--no-shortcut"]),
+                         capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    d["process_wall_s"] = time.perf_counter() - t0
+    return d
+
+
+def small_rows() -> list[dict]:
+    from trainfit.config import make_config
+    from trainfit.measure.estimate import estimate_memory
+    from trainfit.measure.memory import measure_memory
+
+    rows = []
+    for label, model, mc, seq, batch in SMALL:
+        for prec in ("fp32", "bf16-mixed"):
+            cfg = make_config(dict(model=model, model_config=mc, seq_len=seq, micro_batch=batch, accumulation=1,
+                                   precision=prec))
+            m, e = measure_memory(cfg), estimate_memory(cfg)
+            from trainfit.train import build_run
+
+            mdl = build_run(cfg).model
+            rows.append({"label": label, "precision": prec, "n_params": m.n_params, "measured_peak": m.peak_bytes,
+                         "activations_share_of_peak": m.peak_parts["activations"] / m.peak_bytes,
+                         "trainfit_estimate": e.peak_bytes, "zero2": deepspeed_zero2(m.n_params),
+                         "zero3": deepspeed_zero3(m.n_params, largest_layer_params(mdl)),
+                         "accelerate": accelerate_adam(m.n_params, 4 if prec == "fp32" else 2)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child")
+    ap.add_argument("--no-shortcut", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="7B only, no small models")
+    a = ap.parse_args()
+    if a.child:
+        return child(a.child, not a.no_shortcut)
+    from _common import write_results
+
+    big = [run_child(s) for s in (["7B"] if a.quick else ["7B", "70B"])]
+    small = [] if a.quick else small_rows()
+    md = ["## Llama-shaped estimates (seq 4096, micro-batch 1, bf16-mixed, AdamW, no checkpointing)", "",
+          "| model | params | estimate (s) | process wall incl. imports (s) | peak RSS (MiB) | trainfit peak | "
+          "params | grads | optimizer | activations | ZeRO-2 formula | ZeRO-3 formula | Accelerate (bf16) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in big:
+        r, n = d["report"], d["report"]["n_params"]
+        md.append(f"| {d['size']} | {n / 1e9:.2f}B | {d['estimate_s']:.1f} | {d['process_wall_s']:.1f} | "
+                  f"{d['rss_mib']:.0f} | {r['peak_bytes'] / GIB:.1f} GiB ({r['peak_phase']}) | "
+                  f"{r['params_bytes'] / GIB:.1f} | {r['grads_bytes'] / GIB:.1f} | {r['optimizer_bytes'] / GIB:.1f} | "
+                  f"{r['activations_bytes'] / GIB:.1f} | {deepspeed_zero2(n) / GIB:.1f} | "
+                  f"{deepspeed_zero3(n, d['largest_layer_params']) / GIB:.1f} | {accelerate_adam(n, 2) / GIB:.1f} |")
+    md += ["", "GiB unless noted; the formulas are model states on one GPU.", ""]
+    if small:
+        md += ["## Small models on this CPU: every estimate as a fraction of the *measured* peak", "",
+               "| model | precision | params | measured peak | activations share | trainfit estimate | "
+               "ZeRO-2 formula | ZeRO-3 formula | Accelerate |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in small:
+            p = s["measured_peak"]
+            md.append(f"| {s['label']} | {s['precision']} | {s['n_params']:,} | {p / 2**20:.1f} MiB | "
+                      f"{s['activations_share_of_peak']:.0%} | {s['trainfit_estimate'] / p:.1%} | "
+                      f"{s['zero2'] / p:.0%} | {s['zero3'] / p:.0%} | {s['accelerate'] / p:.0%} |")
+    write_results("memory_estimate", {"big": big, "small": small}, "\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
