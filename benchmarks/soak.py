@@ -8,7 +8,9 @@ resident set size (RSS), open file descriptors, threads and child processes.
 
 Figures: the RSS slope after warm-up (least squares over segment ends, MiB per 1000
 steps), the change in file descriptors / threads / children after warm-up (must be 0),
-the peak RSS sampled every 0.2 s, and that the loss went down. Results go to
+the peak RSS sampled every 0.2 s, and that the loss went down. RSS is read after a
+``gc.collect()`` (retained memory; a slope before it is reported too: garbage in reference
+cycles waits for the cycle collector). Results go to
 ``benchmarks/results/soak*.json`` and ``.md``.
 
 Usage::
@@ -21,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -83,7 +86,8 @@ class PeakSampler(threading.Thread):
         self.join()
 
 
-def soak(values: dict, *, steps: int, segment: int, warmup_segments: int, run_dir: Path) -> dict:
+def soak(values: dict, *, steps: int, segment: int, warmup_segments: int, run_dir: Path,
+         partial: Path | None = None) -> dict:
     import torch
 
     from trainfit.config import make_config
@@ -102,23 +106,33 @@ def soak(values: dict, *, steps: int, segment: int, warmup_segments: int, run_di
         done = target
         first_loss = summary.first_loss if first_loss is None else first_loss
         last_loss = summary.final_loss
-        rows.append({"step": done, "rss_mib": rss_bytes() / 2**20, "fds": open_fds(), "threads": threads(),
+        raw = rss_bytes()
+        gc.collect()  # what is still referenced is a leak; garbage awaiting the cycle collector is not
+        rows.append({"step": done, "rss_mib": rss_bytes() / 2**20, "rss_raw_mib": raw / 2**20, "fds": open_fds(),
+                     "threads": threads(),
                      "children": len(children()), "loss": summary.final_loss, "skipped": summary.skipped_steps,
                      "wall_s": round(time.perf_counter() - t0, 1)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        if partial is not None:
+            partial.write_text(json.dumps({"values": values, "rows": rows}) + "\n")  # figures even if stopped
     sampler.stop()
     after = rows[warmup_segments:]
-    rss_slope = slope([r["step"] for r in after], [r["rss_mib"] for r in after]) * 1000 if len(after) > 1 else 0.0
+    xs = [r["step"] for r in after]
+    rss_slope = slope(xs, [r["rss_mib"] for r in after]) * 1000 if len(after) > 1 else 0.0
+    raw_slope = slope(xs, [r["rss_raw_mib"] for r in after]) * 1000 if len(after) > 1 else 0.0
     base = rows[warmup_segments - 1] if warmup_segments else rows[0]
     return {
         "steps": steps,
         "segments_resumed": len(rows) - 1,
         "checkpoint_every": values.get("checkpoint_every"),
         "rss_slope_mib_per_1000_steps": round(rss_slope, 3),
+        "rss_slope_before_gc_mib_per_1000_steps": round(raw_slope, 3),
         "rss_after_warmup_mib": [round(after[0]["rss_mib"], 1), round(after[-1]["rss_mib"], 1)] if after else None,
         "rss_peak_mib": round(sampler.peak / 2**20, 1),
-        "fd_change_after_warmup": max(r["fds"] for r in after) - base["fds"] if after else 0,
-        "thread_change_after_warmup": max(r["threads"] for r in after) - base["threads"] if after else 0,
+        # Start of the measured window, its end, and its maximum (a batch in flight holds a few briefly).
+        "fds_after_warmup": [base["fds"], rows[-1]["fds"], max(r["fds"] for r in after)] if after else None,
+        "threads_after_warmup": [base["threads"], rows[-1]["threads"], max(r["threads"] for r in after)]
+        if after else None,
         "children_at_end": rows[-1]["children"],
         "first_loss": round(first_loss, 4),
         "final_loss": round(last_loss, 4),
@@ -153,8 +167,9 @@ def main() -> int:
         if v:
             values[key] = v
     with tempfile.TemporaryDirectory(prefix="trainfit-soak-") as tmp:
+        a.out.mkdir(parents=True, exist_ok=True)
         result = soak(values, steps=a.steps, segment=a.segment, warmup_segments=a.warmup_segments,
-                      run_dir=Path(tmp) / "run")
+                      run_dir=Path(tmp) / "run", partial=a.out / f"soak_{a.tag}.partial.json")
     result["config"] = values
     result["command"] = " ".join(["python", "benchmarks/soak.py", *sys.argv[1:]])
     a.out.mkdir(parents=True, exist_ok=True)
@@ -165,7 +180,9 @@ def main() -> int:
     (a.out / f"{name}.md").write_text(f"# Soak ({a.tag})\n\nconfig: `{values}`\n\n| measure | value |\n|---|---|\n"
                                        f"{table}\n")
     print(json.dumps({k: result[k] for k in keys}, indent=1))
-    leak = result["fd_change_after_warmup"] > 0 or result["children_at_end"] > 0
+    (a.out / f"soak_{a.tag}.partial.json").unlink(missing_ok=True)
+    fds = result["fds_after_warmup"] or [0, 0, 0]
+    leak = fds[1] > fds[0] or result["children_at_end"] > 0
     return 1 if leak else 0
 
 

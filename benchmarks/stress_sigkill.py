@@ -219,9 +219,13 @@ def trial(i: int, rng: random.Random, workdir: Path, steps: int, ref: dict, ref_
     run_dir = workdir / f"trial-{i:03d}"
     metrics = run_dir / "metrics.jsonl"
     kills = []
+    resumed = 0  # launches that continued from a checkpoint (--resume)
+    from trainfit.checkpoint import list_checkpoints
+
     for _ in range(rng.choice(kill_counts)):
         phase = rng.choice(phases)
         before = metrics.stat().st_size if metrics.is_file() else 0
+        resumed += bool(list_checkpoints(run_dir))
         p = _launch(run_dir, steps, extra, launcher)
         if phase == "training":
             _wait_first_step(p, metrics, before, timeout=600)
@@ -240,16 +244,13 @@ def trial(i: int, rng: random.Random, workdir: Path, steps: int, ref: dict, ref_
         info = _inspect_after_kill(run_dir)
         info.update(phase=phase, delay_s=round(delay, 3))
         kills.append(info)
-    launches = 0
-    from trainfit.checkpoint import list_checkpoints
-
     while not list_checkpoints(run_dir) or int(list_checkpoints(run_dir)[-1].stem.split("-")[1]) < steps:
-        launches += 1
+        resumed += bool(list_checkpoints(run_dir))
         _finish(_launch(run_dir, steps, extra, launcher), timeout=600)
     final = _final_state(run_dir)
     diff = _diff_bytes(final, ref)
     leftovers = [n.name for n in (run_dir / "checkpoints").iterdir() if ".tmp-" in n.name]
-    return {"trial": i, "kills": kills, "resumed_runs": launches, "final_diff_bytes": diff,
+    return {"trial": i, "kills": kills, "resumed_runs": resumed, "final_diff_bytes": diff,
             "bytes_lost": diff + sum(k["bytes_lost"] for k in kills), "tmp_leftovers": len(leftovers)}
 
 
