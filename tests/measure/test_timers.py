@@ -20,7 +20,8 @@ def test_nested_phase_is_subtracted_from_its_parent():
     got = timer.collect()
     assert got["optimizer"] + got["comm"] == __import__("pytest").approx(wall, abs=2e-3)
     assert got["comm"] >= 0.03 and got["optimizer"] >= 0.02
-    assert got["optimizer"] < got["comm"]  # 0.02 (+noise) vs 0.03 (+noise): the child was subtracted
+    # The sum equal to the wall time is what shows the child was subtracted (not counted twice);
+    # comparing the two sleeps directly is at the mercy of scheduler noise on a loaded machine.
     assert timer.collect() == {}  # collect resets
 
 
