@@ -28,8 +28,8 @@ def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainfit", *args]
 
 
-def run_cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "default", "OMP_NUM_THREADS": "1"}
+def run_cli(*args: str, timeout: float = 120, env_extra: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "default", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env, **kw)
 
 

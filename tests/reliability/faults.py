@@ -53,3 +53,14 @@ def patch_make_task(monkeypatch, *, bad_steps, kind: str, accumulation: int) -> 
         return faulty_task(real(*a, **kw), bad_steps=set(bad_steps), kind=kind, accumulation=accumulation)
 
     monkeypatch.setattr(train_mod, "make_task", make)
+
+
+def fp16_storm(model_config: str = "", seq_len: int = 16, seed: int = 0):
+    """``module:callable`` factory for the CLI: the tiny GPT with infinite gradients in steps 3-7.
+
+    ``trainfit train --model reliability.faults:fp16_storm`` (with ``tests`` on PYTHONPATH).
+    """
+    from trainfit.tasks.builtin import gpt_task
+
+    task = gpt_task("gpt-tiny", seq_len=seq_len, seed=seed, dataset_size=4096, overrides=model_config)
+    return faulty_task(task, bad_steps=set(range(3, 8)), kind="inf-grad", accumulation=2)

@@ -10,6 +10,9 @@ not here.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -105,6 +108,9 @@ def stop_on_peer_failure(last_checkpoint: Callable[[], str | None]) -> Iterator[
     gloo raises at once when a peer's socket closes, and after the collective timeout when a
     peer hangs; either way this rank exits instead of waiting. Out-of-memory is passed through.
     """
+    world = current()
+    if world is not None:
+        register_process(_default_store(), world.rank)
     try:
         yield
     except (RuntimeError, dist.DistError) as e:
@@ -115,9 +121,63 @@ def stop_on_peer_failure(last_checkpoint: Callable[[], str | None]) -> Iterator[
         ckpt = last_checkpoint()
         resume = (f"the last checkpoint is {ckpt}: continue with --resume (or launch with torchrun --max-restarts N)"
                   if ckpt else "no checkpoint was written yet (set --checkpoint-every)")
+        lost = _wait_for_exited(world)
+        who = (f"lost: rank {', '.join(map(str, lost))} (its process on this host has exited)" if lost
+               else "If another rank died (its log says why), this is the consequence")
         raise RankStopped(
-            f"rank {world.rank} of {world.world_size} stopped: {type(e).__name__}: {first}. If another rank died "
-            f"(its log says why), this is the consequence: the ranks stop rather than wait; {resume}") from e
+            f"rank {world.rank} of {world.world_size} stopped: {type(e).__name__}: {first}. {who}: the ranks stop "
+            f"rather than wait; {resume}") from e
+
+
+def _wait_for_exited(world: World, grace_s: float = 1.0) -> list[int]:
+    # A peer's sockets close a moment before its process turns into a zombie: look again briefly.
+    deadline = time.monotonic() + grace_s
+    while not (lost := exited_ranks(_default_store(), world.rank, world.world_size)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return lost
+
+
+def _default_store():
+    try:
+        return dist.distributed_c10d._get_default_store()  # torchrun's agent / the file store: outlives a rank
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def register_process(store, rank: int) -> None:
+    """Publish ``host:pid`` of this rank, so a survivor can tell which peer died (see :func:`exited_ranks`)."""
+    if store is not None:
+        with contextlib.suppress(RuntimeError, dist.DistError, OSError):
+            store.set(f"trainfit/process/{rank}", f"{socket.gethostname()}:{os.getpid()}")
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie awaiting its parent is dead
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def exited_ranks(store, rank: int, world_size: int) -> list[int]:
+    """Peers on this host whose process has exited (instant: no waiting, which matters under torchrun,
+    whose agent stops the survivors within a fraction of a second). Peers on other hosts are not judged."""
+    if store is None or not os.path.isdir("/proc"):
+        return []
+    lost = []
+    host = socket.gethostname()
+    for r in range(world_size):
+        try:
+            if r == rank or not store.check([f"trainfit/process/{r}"]):
+                continue
+            peer_host, pid = store.get(f"trainfit/process/{r}").decode().rsplit(":", 1)
+        except (RuntimeError, dist.DistError, OSError, ValueError):
+            continue
+        if peer_host == host and _exited(int(pid)):
+            lost.append(r)
+    return lost
 
 
 def gather_to_rank0(obj: object) -> list | None:
