@@ -55,19 +55,24 @@ def main() -> None:
     for pr in procs:
         pr.join(1800)
     measured = [json.loads(Path(root, f"rank{r}.json").read_text()) for r in range(2)]
+    Path(out / "planner_accuracy_dist_measured.json").write_text(json.dumps(measured))
 
     from trainfit.config import make_config
-    from trainfit.plan.cost import Candidate, memory
+    from trainfit.plan.cost import Candidate, activation_precision, memory
     from trainfit.plan.sources import report_basis
 
     base = make_config(MODEL)
     bases: dict = {}
     rows = []
+    def basis(p):
+        if p not in bases:
+            bases[p] = report_basis(base, p, "none", source="estimate")
+        return bases[p]
+
     for i, (s, p, mb, acc, sync) in enumerate(GRID):
-        b = bases.get(p) or report_basis(base, p, "none", source="estimate")
-        bases[p] = b
-        pred = memory(b, Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing="none",
-                                   strategy=s, grad_sync=sync, n=2)).peak_bytes
+        act_b = basis(activation_precision(s, p))
+        pred = memory(basis(p), Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing="none",
+                                          strategy=s, grad_sync=sync, n=2), act_basis=act_b).peak_bytes
         rows.append({"strategy": s, "precision": p, "micro_batch": mb, "accumulation": acc, "grad_sync": sync,
                      "pred_peak_bytes": int(pred), "meas_peak_bytes_rank0": measured[0][i],
                      "meas_peak_bytes_rank1": measured[1][i], "mem_err": pred / measured[0][i] - 1})

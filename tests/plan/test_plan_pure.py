@@ -57,15 +57,22 @@ def test_memory_per_strategy_by_hand():
     b = basis()
     # single: 4000 + 4000 + 8000 state, activations 100 + 2*1000, temporaries 2*50
     assert memory(b, cand()).peak_bytes == 16000 + 2100 + 100
-    # ddp: the buckets double the gradients
+    # ddp: the buckets double the gradients; zero1 (DDP + ZeroRedundancyOptimizer) keeps them, optimizer / 4
     assert memory(b, cand(strategy="ddp", n=4)).grads_bytes == 8000
-    # zero1: optimizer / 4
-    assert memory(b, cand(strategy="zero1", n=4)).optimizer_bytes == 2000
-    # zero3 per-micro-batch: params / 4 + two gathered blocks (2 x 250 params x 4 B); grads / 4 + one block's
+    m = memory(b, cand(strategy="zero1", n=4))
+    assert m.optimizer_bytes == 2000 and m.grads_bytes == 8000
+    # zero3 per-micro-batch: params / 4 + two gathered blocks (2 x 250 params x 4 B); grads / 4
     m = memory(b, cand(strategy="zero3", n=4, accumulation=2, grad_sync="per-micro-batch"))
-    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000 + 1000 and m.optimizer_bytes == 2000
+    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000 and m.optimizer_bytes == 2000
     # zero3 deferred with accumulation keeps whole gradients
     assert memory(b, cand(strategy="zero3", n=4, accumulation=2)).grads_bytes == 4000
+    # zero2 with a half compute dtype: whole gathered compute copy (1000 x 2 B); with accumulation the
+    # half-dtype gradients too
+    h = basis(compute_bytes_per_param=2.0)
+    m = memory(h, cand(strategy="zero2", n=4, accumulation=2, grad_sync="per-micro-batch"))
+    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000 + 2000
+    # activations from another basis (FSDP2 runs *-mixed like *-true)
+    assert memory(b, cand(), act_basis=basis(act_per_sample_bytes=10.0)).activations_bytes == 100 + 20
 
 
 def test_step_time_by_hand():

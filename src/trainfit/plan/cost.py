@@ -25,7 +25,8 @@ SHARDING: dict[str, tuple[tuple[str, ...], str]] = {
     "single": ((), "one device holds everything"),
     "ddp": ((), "DDP replicates params, grads, optimizer state; its flat buckets hold a second copy of the grads "
                 "(PyTorch DDP, gradient_as_bucket_view=False)"),
-    "zero1": (("optimizer",), "ZeRO stage 1 (Rajbhandari et al., SC20): optimizer state / n"),
+    "zero1": (("optimizer",), "ZeRO stage 1 (Rajbhandari et al., SC20): optimizer state / n; trainfit's zero1 is "
+                              "DDP + ZeroRedundancyOptimizer, so DDP's bucket copy of the gradients stays"),
     "zero2": (("optimizer", "grads"), "ZeRO stage 2: + gradients / n (FSDP2, reshard_after_forward=False keeps "
                                       "the gathered compute copy of the params between forward and backward)"),
     "zero3": (("optimizer", "grads", "params"), "ZeRO stage 3: + params / n (FSDP2 gathers one block, prefetches "
@@ -100,8 +101,12 @@ class Memory:
                 "activations": self.activations_bytes, "temporaries": self.temporaries_bytes}
 
 
-def memory(b: Basis, c: Candidate) -> Memory:
-    """Per-device bytes of candidate ``c`` from basis ``b``."""
+def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
+    """Per-device bytes of candidate ``c`` from basis ``b``.
+
+    ``act_basis``: where activations and temporaries come from when the strategy computes in
+    another way than the precision alone would (see :func:`activation_precision`); default ``b``.
+    """
     sharded, _ = SHARDING[c.strategy]
     n = c.n
     params, opt = b.params_bytes, b.optimizer_bytes
@@ -110,12 +115,17 @@ def memory(b: Basis, c: Candidate) -> Memory:
         opt /= n
 
     def per_device_grads(whole: float) -> float:
-        if c.strategy == "ddp":
-            return 2 * whole  # the buckets
+        if c.strategy in ("ddp", "zero1"):
+            return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
         # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
-        if "grads" in sharded and not (c.accumulation > 1 and c.grad_sync == "deferred"):
-            return whole / n + block_compute / b.compute_bytes_per_param * 4  # + one block's, unsharded
-        return whole
+        if "grads" not in sharded:
+            return whole
+        # With several micro-batches FSDP2 under a half compute dtype also holds whole gradients in that
+        # dtype (measured on 2 gloo ranks: + n_params x 2 bytes, deferred or per-micro-batch; not in fp32).
+        half_extra = b.n_params * b.compute_bytes_per_param if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0
+        if c.accumulation > 1 and c.grad_sync == "deferred":
+            return whole + half_extra  # deferred sync keeps whole, unsharded gradients across the window
+        return whole / n + half_extra
 
     # With one micro-batch only the gradients produced so far are live at the backward peak.
     grads = per_device_grads(b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes)
@@ -124,13 +134,27 @@ def memory(b: Basis, c: Candidate) -> Memory:
         params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
     if c.strategy == "zero3":
         params = params / n + 2 * block_compute  # the gathered block and the prefetched next one
-    act = b.act_fixed_bytes + b.act_per_sample_bytes * c.micro_batch
-    temp = b.temp_fixed_bytes + b.temp_per_sample_bytes * c.micro_batch
-    if c.accumulation > 1 and b.acc_extra_per_sample_bytes is not None:
-        temp = b.acc_extra_fixed_bytes + b.acc_extra_per_sample_bytes * c.micro_batch - act
+    a = act_basis or b
+    act = a.act_fixed_bytes + a.act_per_sample_bytes * c.micro_batch
+    temp = a.temp_fixed_bytes + a.temp_per_sample_bytes * c.micro_batch
+    if c.accumulation > 1 and a.acc_extra_per_sample_bytes is not None:
+        temp = a.acc_extra_fixed_bytes + a.acc_extra_per_sample_bytes * c.micro_batch - act
     peak = max(params + grads + opt + act + temp, params + step_grads + opt + b.step_temp_bytes)
     return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
                   temporaries_bytes=temp, peak_bytes=peak)
+
+
+def activation_precision(strategy: str, precision: str) -> str:
+    """The precision whose activations a strategy's run saves.
+
+    FSDP2 (zero2/zero3) runs ``*-mixed`` through its MixedPrecisionPolicy: parameters are cast to
+    the half dtype and the model runs without autocast, so it saves what a ``*-true`` model saves
+    (no fp32 residual stream, no autocast copies) -- measured on 2 gloo ranks, see
+    benchmarks/results/planner_accuracy_dist.md.
+    """
+    if strategy in ("zero2", "zero3") and precision.endswith("-mixed"):
+        return precision.replace("-mixed", "-true")
+    return precision
 
 
 @dataclass(frozen=True, kw_only=True)

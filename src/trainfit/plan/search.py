@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.plan.cost import Basis, Candidate, Links, memory, step_time
+from trainfit.plan.cost import Basis, Candidate, Links, activation_precision, memory, step_time
 from trainfit.plan.rules import Context, broken_rules
 
 PRECISION_CHOICES = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp16-true")
@@ -140,7 +140,12 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             continue
         b = cache.setdefault((c.precision, c.checkpointing), None) or basis(c.precision, c.checkpointing)
         cache[(c.precision, c.checkpointing)] = b
-        mem, t = memory(b, c), step_time(b, c, links(c.precision, c.checkpointing))
+        ap = activation_precision(c.strategy, c.precision)
+        act_b = None
+        if ap != c.precision:
+            act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
+            cache[(ap, c.checkpointing)] = act_b
+        mem, t = memory(b, c, act_basis=act_b), step_time(b, c, links(c.precision, c.checkpointing))
         fits = mem.peak_bytes <= space.budget_bytes
         reasons = []
         if not fits:
