@@ -132,3 +132,14 @@ def test_micro_batch_auto_is_refused():
         profile(run, ProfileOptions(steps=1, warmup=0))
     with pytest.raises(ConfigError, match="steps=0"):
         ProfileOptions(steps=0)
+
+
+def test_recompute_counts_for_hfu_only_and_sample_tasks_report_samples(one_thread):
+    ckpt = build_run(make_config({"model_config": TINY, "seq_len": 16, "micro_batch": 2, "checkpointing": "full"}))
+    r = profile(ckpt, ProfileOptions(steps=2, warmup=1, batch_probe=False, bandwidth_bytes_per_s=1e9))
+    assert r["hardware_flops_per_step"] > r["model_flops_per_step"] > 0
+    assert r["hfu"] > r["mfu"] > 0
+    cnn = profile(build_run(make_config({"model": "cnn", "micro_batch": 4, "accumulation": 1})),
+                  ProfileOptions(steps=2, warmup=1, batch_probe=False, bandwidth_bytes_per_s=1e9))
+    assert cnn["tokens_per_s"] is None and cnn["unit"] == "samples"
+    assert cnn["samples_per_s"] > 0 and cnn["model_flops_per_step"] > 0 and cnn["mfu"] > 0
