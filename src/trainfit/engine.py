@@ -75,6 +75,10 @@ def optimizer_step(
         if finite and grad_clip > 0:
             grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
             finite = math.isfinite(grad_norm)
+        elif finite and not precision.scaler.enabled:
+            # No clipping and no scaler: nothing has looked at the gradients yet. Refuse inf/NaN before the
+            # optimizer writes them into the weights (one pass over the gradients, one host-device sync).
+            finite = precision.scaler.unscale_(precision.grads(model), strategy.all_reduce_max)
         stepped = precision.step(optimizer, model, finite)
         precision.zero_grad(optimizer, model)
     return StepResult(loss=loss, count=window.global_count, stepped=stepped, grad_norm=grad_norm, loss_scale=scale)
