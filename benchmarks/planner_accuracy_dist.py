@@ -23,7 +23,7 @@ GRID = [(s, p, mb, acc, sync) for s in ("ddp", "zero1", "zero2", "zero3") for p 
         if sync == "deferred" or s in ("zero2", "zero3")]
 
 
-def rank_main(rank: int, root: str) -> None:
+def rank_main(rank: int, root: str, model: dict) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     import torch
 
@@ -35,7 +35,7 @@ def rank_main(rank: int, root: str) -> None:
     pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=2, timeout_s=120)
     out = []
     for s, p, mb, acc, sync in GRID:
-        cfg = make_config({**MODEL, "strategy": s, "precision": p, "micro_batch": mb, "accumulation": acc,
+        cfg = make_config({**model, "strategy": s, "precision": p, "micro_batch": mb, "accumulation": acc,
                            "grad_sync": sync})
         out.append(measure_memory(cfg).peak_bytes)
     Path(root, f"rank{rank}.json").write_text(json.dumps(out))
@@ -45,23 +45,29 @@ def rank_main(rank: int, root: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
-    out = Path(ap.parse_args().out)
+    ap.add_argument("--model-config", default=MODEL["model_config"],
+                    help="held-out shapes: the strategy rules of plan.cost were read off the default one")
+    ap.add_argument("--tag", default="", help="suffix of the result files")
+    args = ap.parse_args()
+    out = Path(args.out)
+    model = {**MODEL, "model_config": args.model_config}
+    name = "planner_accuracy_dist" + (f"_{args.tag}" if args.tag else "")
     out.mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp()
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, root)) for r in range(2)]
+    procs = [ctx.Process(target=rank_main, args=(r, root, model)) for r in range(2)]
     for pr in procs:
         pr.start()
     for pr in procs:
         pr.join(1800)
     measured = [json.loads(Path(root, f"rank{r}.json").read_text()) for r in range(2)]
-    Path(out / "planner_accuracy_dist_measured.json").write_text(json.dumps(measured))
+    Path(out / f"{name}_measured.json").write_text(json.dumps(measured))
 
     from trainfit.config import make_config
     from trainfit.plan.cost import Candidate, activation_precision, memory
     from trainfit.plan.sources import report_basis
 
-    base = make_config(MODEL)
+    base = make_config(model)
     bases: dict = {}
     rows = []
     def basis(p):
@@ -77,17 +83,18 @@ def main() -> None:
                      "pred_peak_bytes": int(pred), "meas_peak_bytes_rank0": measured[0][i],
                      "meas_peak_bytes_rank1": measured[1][i], "mem_err": pred / measured[0][i] - 1})
         print(json.dumps(rows[-1]), flush=True)
-    (out / "planner_accuracy_dist.json").write_text(json.dumps(
-        {"command": "python benchmarks/planner_accuracy_dist.py", "model": MODEL, "rows": rows}, indent=1))
+    cmd = "python benchmarks/planner_accuracy_dist.py" + (f" --model-config {args.model_config} --tag {args.tag}"
+                                                          if args.tag else "")
+    (out / f"{name}.json").write_text(json.dumps({"command": cmd, "model": model, "rows": rows}, indent=1))
     lines = ["| strategy | precision | mb x acc | sync | predicted peak/rank | measured rank 0 | measured rank 1 | "
              "error |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['strategy']} | {r['precision']} | {r['micro_batch']} x {r['accumulation']} | "
                      f"{r['grad_sync']} | {r['pred_peak_bytes']:,} | {r['meas_peak_bytes_rank0']:,} | "
                      f"{r['meas_peak_bytes_rank1']:,} | {r['mem_err']:+.1%} |")
-    (out / "planner_accuracy_dist.md").write_text(
-        "# Planner accuracy, 2 gloo processes (per-rank peak memory)\n\nCommand: "
-        "`python benchmarks/planner_accuracy_dist.py`\n\n" + "\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text(
+        f"# Planner accuracy, 2 gloo processes (per-rank peak memory)\n\nModel: {model}\n\nCommand: `{cmd}`\n\n"
+        + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def test_scaler_never_unscaled_is_caught(monkeypatch, precision, module):
     assert "never unscaled" in r.causes[0]
 
 
-def test_batchnorm_accumulation_named():
+def test_cnn_passes_without_accumulation_and_batchnorm_with_it_is_named():
+    assert verify(make_config(dict(model="cnn", model_config="channels=4", micro_batch=8, accumulation=1))).passed
     r = verify(make_config(dict(model="cnn", model_config="channels=4", micro_batch=4, accumulation=2)))
     assert not r.passed and "BatchNorm" in r.causes[0]
 
