@@ -13,7 +13,7 @@ from .harness import errors, spawn
 pytestmark = pytest.mark.distributed
 
 CASES = [("ddp", "fp32", "deferred"), ("zero1", "fp32", "deferred"), ("zero2", "fp32", "per-micro-batch"),
-         ("zero3", "fp32", "deferred"), ("zero3", "bf16-mixed", "deferred")]
+         ("zero3", "fp32", "deferred"), ("zero3", "bf16-mixed", "deferred"), ("ddp", "fp16-mixed", "deferred")]
 BASE = {"model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2, "accumulation": 2,
         "dataset_size": 64}
 
