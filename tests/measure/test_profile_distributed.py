@@ -16,7 +16,7 @@ pytestmark = pytest.mark.distributed
 
 
 def test_ddp_exposed_comm_and_two_device_prediction(tmp_path):
-    codes = spawn(single_then_ddp, tmp_path, 12, timeout_s=300)
+    codes = spawn(single_then_ddp, tmp_path, 20, timeout_s=300)
     assert codes == [0, 0], errors(tmp_path)
     for rank in (0, 1):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())

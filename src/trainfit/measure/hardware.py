@@ -99,37 +99,53 @@ _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfl
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     flops_per_s: float
-    """Best measured matmul rate."""
+    """Achievable rate with ``threads`` threads: the best one-thread rate x threads."""
+    per_thread_flops_per_s: float
+    """Best measured one-thread matmul rate."""
     dtype: str
     size: int
     """Square matmul size used."""
     threads: int
-    """torch CPU threads at calibration time."""
-    source: str = "measured: best of repeated square matmuls on this CPU (trainfit.measure.hardware.calibrate_cpu)"
+    """torch CPU threads of the run (``torch.get_num_threads()``)."""
+    source: str = ("measured: best of repeated one-thread square matmuls on this CPU x threads "
+                   "(trainfit.measure.hardware.calibrate_cpu)")
 
 
 def calibrate_cpu(dtype: str = "fp32", *, size: int | None = None, seconds: float = 0.3) -> Calibration:
-    """Achievable CPU matmul FLOP/s: the best rate of repeated ``size x size`` matmuls.
+    """Achievable CPU matmul FLOP/s: the best one-thread rate of repeated ``size x size``
+    matmuls, times the run's thread count.
 
     A CPU has no datasheet peak we can trust per SKU and thread count, so MFU on CPU is
-    reported against this measured rate (with the current ``torch.get_num_threads()``).
+    reported against this measured rate. One thread, because a multi-threaded product on a
+    shared machine waits for its slowest (descheduled) thread and can read 10-100x low, which
+    would inflate MFU; x threads assumes matmul scales linearly with cores (an upper bound on
+    the achievable rate, so MFU errs low).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not valid; allowed: one of: {', '.join(DTYPES)}")
     # Half-precision CPU matmuls are far slower: keep them small so calibration stays short.
     size = size or (512 if dtype in ("fp32", "tf32") else 256)
+    threads = torch.get_num_threads()
     a = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
     b = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    deadline = time.perf_counter() + seconds
-    reps = 0
-    while reps < 3 or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-        reps += 1
-    return Calibration(flops_per_s=2 * size**3 / best, dtype=dtype, size=size, threads=torch.get_num_threads())
+    torch.set_num_threads(1)
+    try:
+        torch.mm(a, b)  # warm-up
+        best = float("inf")
+        start = time.perf_counter()
+        reps = 0
+        # Best of many: single products can be descheduled for milliseconds on a shared machine,
+        # so keep going until both the time and the count are reached (at most 3x the time).
+        while (reps < 20 or time.perf_counter() - start < seconds) and time.perf_counter() - start < 3 * seconds:
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+            reps += 1
+    finally:
+        torch.set_num_threads(threads)
+    per_thread = 2 * size**3 / best
+    return Calibration(flops_per_s=per_thread * threads, per_thread_flops_per_s=per_thread, dtype=dtype, size=size,
+                       threads=threads)
 
 
 def _echo(srv, nbytes: int, pings: int) -> None:
