@@ -50,8 +50,9 @@ def test_resumes_in_one_process_leak_no_workers_fds_or_models(tmp_path, monkeypa
             train_mod.train(cfg, resume=i > 0, progress=False)
             assert _children() == children0, "DataLoader workers outlived train()"
             fds.append(len(os.listdir("/proc/self/fd")))
-        # The first run maps a few shared-memory segments that torch keeps; later runs add none.
-        assert fds[1:] == [fds[0]] * 3, f"file descriptors grow with each resume: {fds}"
+        # A few shared-memory segments of batches in flight come and go (measured: 14-16 here); the leak
+        # this guards against added ~10 per train() call (worker pipes and the workers' shared memory).
+        assert max(fds) - min(fds) <= 4 and fds[-1] <= fds[0] + 2, f"file descriptors grow with each resume: {fds}"
     finally:
         gc.enable()
     gc.collect()

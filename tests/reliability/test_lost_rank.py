@@ -1,7 +1,9 @@
 """Naming the lost rank: survivors look up each peer's host:pid in the job's store.
 
-The end-to-end cases (a rank killed mid-step under spawn and under ``torchrun --max-restarts``)
-live in tests/distributed; here the lookup itself, against real processes."""
+Here: the lookup against real processes, and a 2-process gloo job in which rank 1 is SIGKILLed
+mid-step. The torchrun ``--max-restarts`` resume and its result are tested in tests/distributed
+(under torchrun the agent may stop the survivor before it prints, so the naming is checked here,
+without an agent)."""
 
 from __future__ import annotations
 
@@ -40,42 +42,51 @@ def test_exited_peer_is_named_and_live_or_remote_ones_are_not():
         zombie.wait()
 
 
-INJECT = """
-import os, signal
-if os.environ.get("RANK") == "1" and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+
+def _dying_peer(rank: int, root, run_dir: str) -> None:
+    """Rank 1 SIGKILLs itself in step 3's first micro-batch; rank 0 records how it stopped."""
+    import json
+    import os
+    import signal
+    import time
+
     import trainfit.tasks.builtin as builtin
-    real, calls = builtin.gpt_loss, [0]
-    def dying(model, batch):
-        calls[0] += 1
-        if calls[0] == 5:  # step 3, first micro-batch: SIGKILL, no Python cleanup at all
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(model, batch)
-    builtin.gpt_loss = dying
-"""
+    from trainfit.config import make_config
+    from trainfit.strategies import process_group as pg
+    from trainfit.train import train
+
+    if rank == 1:
+        real, calls = builtin.gpt_loss, [0]
+
+        def dying(model, batch):
+            calls[0] += 1
+            if calls[0] == 5:  # 2 micro-batches per step
+                os.kill(os.getpid(), signal.SIGKILL)  # no Python cleanup, no goodbye on the sockets
+            return real(model, batch)
+
+        builtin.gpt_loss = dying
+    cfg = make_config({"model_config": "n_layer=1,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2,
+                       "accumulation": 2, "strategy": "ddp", "steps": 20, "checkpoint_every": 2,
+                       "collective_timeout_s": 30.0, "run_dir": run_dir})
+    t0 = time.monotonic()
+    try:
+        with pg.stop_on_peer_failure(lambda: "the step-2 checkpoint"):
+            train(cfg, progress=False)
+        out = {"error": None}
+    except pg.RankStopped as e:
+        out = {"error": str(e), "seconds": time.monotonic() - t0}
+    (root / f"rank{rank}.json").write_text(json.dumps(out))
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(300)
-def test_rank_sigkilled_mid_step_is_named_and_torchrun_restart_finishes(tmp_path):
+@pytest.mark.timeout(200)
+def test_rank_sigkilled_mid_step_is_named_by_the_survivor_within_bounded_time(tmp_path):
     import json
-    import os
-    import time
 
-    (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")])}
-    run_dir = tmp_path / "run"
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "trainfit", "train", "--nproc", "2", "--max-restarts", "1",
-                        "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--micro-batch", "2",
-                        "--global-batch", "8", "--strategy", "ddp", "--steps", "6", "--checkpoint-every", "2",
-                        "--run-dir", str(run_dir), "--json"],
-                       capture_output=True, text=True, timeout=280, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    stopped = [ln for ln in p.stderr.splitlines() if "rank 0 of 2 stopped" in ln]
-    assert stopped and "lost: rank 1" in stopped[0], p.stderr[-3000:]
-    assert "step-00000002.dcp" in stopped[0]
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]  # resumed at the step-2 checkpoint, not from scratch
-    assert time.monotonic() - t0 < 240
+    from distributed.harness import spawn  # the distribution tests' 2-process gloo launcher
+
+    codes = spawn(_dying_peer, tmp_path, str(tmp_path / "run"), timeout_s=180)
+    assert codes[1] == -9, codes  # rank 1 died by SIGKILL
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["error"] and "rank 0 of 2 stopped" in out["error"] and "lost: rank 1" in out["error"], out
+    assert out["seconds"] < 60  # the collective timeout is 30 s; gloo usually notices the closed socket at once
