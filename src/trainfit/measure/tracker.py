@@ -287,6 +287,9 @@ class MemoryTracker(TorchDispatchMode):
                 self._move(e, "grads")
             if e is not None:
                 self._volatile.add(e.ref.cdata)
+            if self.exact:  # the part maxima changed (the last grad may come after the last op)
+                self._sweep(self._volatile)  # frees since the last op, so no stale bytes are recorded
+                self._record()
 
     # ---- context ------------------------------------------------------------------
     def __enter__(self) -> MemoryTracker:
