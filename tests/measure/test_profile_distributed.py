@@ -1,6 +1,6 @@
 """2 gloo processes: exposed communication is measured, and the 2-device prediction made from
-1-device steps (same per-process resources, alternated with the ddp steps) is within 25% of the
-measured ddp step time."""
+1-device steps (same per-process resources, alternated with the ddp steps) and the link's
+measured bandwidth/latency is within 25% of the measured ddp step time."""
 
 from __future__ import annotations
 
