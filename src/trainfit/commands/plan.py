@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
     p.add_argument("--calibrate", action="store_true",
                    help="cpu only: fit the compute rate to a few measured steps of this model (seconds)")
+    p.add_argument("--precisions", help="comma-separated subset to consider (default: all five)")
+    p.add_argument("--checkpointings", help="comma-separated subset of none, every:2, full (default: all)")
+    p.add_argument("--strategies", help="comma-separated subset of single, ddp, zero1, zero2, zero3 (default: all)")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")
@@ -74,8 +77,20 @@ def make_plan(args):
     except ValueError:
         raise ConfigError("headroom", args.headroom, "a number in [0, 1)") from None
     row = device_row(args.device)
+    from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES
+
+    subsets = {}
+    for flag, allowed in (("precisions", PRECISION_CHOICES), ("checkpointings", CHECKPOINT_CHOICES),
+                          ("strategies", STRATEGY_CHOICES)):
+        text = getattr(args, flag)
+        if text:
+            chosen = tuple(x.strip() for x in text.split(",") if x.strip())
+            bad = [x for x in chosen if x not in allowed and not (flag == "checkpointings" and x.startswith("every:"))]
+            if bad or not chosen:
+                raise ConfigError(flag, text, allowed)
+            subsets[flag] = chosen
     space = SearchSpace(global_batch=_int("global-batch", args.global_batch), devices=devices,
-                        memory_bytes=parse_bytes("device-memory", args.device_memory), headroom=headroom)
+                        memory_bytes=parse_bytes("device-memory", args.device_memory), headroom=headroom, **subsets)
     model, model_config = run_spec(args.model, args.model_config)
     seq = _int("seq", args.seq_len, 2)
     base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
@@ -89,6 +104,9 @@ def make_plan(args):
 
         links = calibrated_links(base, links, basis)
     result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    if row.peak_row is None and not args.calibrate:
+        result.notes.append("cpu step times assume the calibrated matmul rate, which a small model does not reach; "
+                            "pass --calibrate to fit them to this model's measured steps")
     return result, base, devices // nodes, used, space
 
 
@@ -143,10 +161,11 @@ def format_table(entries) -> str:
            f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
     lines = [head]
     for i, e in enumerate(entries, 1):
-        peak = e.peak_bytes_per_device / 2**30
+        n = e.peak_bytes_per_device
+        peak = f"{n / 2**30:.3g}Gi" if n >= 2**30 else f"{n / 2**20:.3g}Mi"
         why = "yes" if e.fits else "no"
         if e.reasons:
             why += ": " + "; ".join(e.reasons)
         lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>5}{e.accumulation:>6} {e.checkpointing:<8}"
-                     f"{e.strategy:<9}{e.grad_sync:<16}{peak:>9.3g}Gi{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
+                     f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
     return "\n".join(lines)
