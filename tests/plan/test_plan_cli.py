@@ -41,6 +41,8 @@ def test_bad_inputs_one_line(capsys):
     assert "nearest valid global batches: 28 or 32" in err and err.count("\n") == 1
     assert main(["plan", "--global-batch", "8", "--device-memory", "80GiB", "--device", "tpu9"]) == 2
     assert "device='tpu9'" in capsys.readouterr().err
+    assert main(["plan", "--global-batch", "8", "--device-memory", "80GiB", "--precisions", "fp8"]) == 2
+    assert "precisions='fp8'" in capsys.readouterr().err
     assert main(["plan", "--model", "llama-70b", "--global-batch", "8", "--seq", "4096", "--device-memory", "80GiB",
                  "--devices", "8", "--device", "h100", "--write", "x.toml"]) == 2
     assert "nothing fits" in capsys.readouterr().err
