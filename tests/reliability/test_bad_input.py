@@ -128,7 +128,8 @@ def _check_refused(rc: int, err: str, field: str, value, run_dir: Path) -> None:
     assert field in line, (field, line)
     shown = {repr(value), str(value)}
     if field == "model_config" and isinstance(value, str):
-        shown |= {repr(p.split("=")[0]) for p in value.split(",")}  # the offending key is named
+        # The offending key or its value is named (model_config='bogus', model_config.vocab_size='x').
+        shown |= {repr(x) for p in value.split(",") for x in p.split("=", 1)} | {f".{p}" for p in value.split(",")}
     assert any(s in line for s in shown), (value, line)
     assert "allowed" in line or "expected" in line, line
     assert not run_dir.exists(), "an invalid input wrote to the run directory"
