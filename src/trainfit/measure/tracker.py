@@ -128,7 +128,8 @@ class MemoryTracker(TorchDispatchMode):
                      optimizer_params: Iterable[torch.Tensor] = ()) -> None:
         """Classify a model's parameters/buffers/grads and the optimizer's state and masters."""
         params = list(model.parameters())
-        extra = [t for t in optimizer_params if all(t is not p for p in params)]  # fp32 master copies
+        ids = {id(p) for p in params}
+        extra = [t for t in optimizer_params if id(t) not in ids]  # fp32 master copies
         self.register(params, "params")
         self.register(model.buffers(), "params")
         self.register(extra, "optimizer")
