@@ -250,8 +250,13 @@ def trial(i: int, rng: random.Random, workdir: Path, steps: int, ref: dict, ref_
     final = _final_state(run_dir)
     diff = _diff_bytes(final, ref)
     leftovers = [n.name for n in (run_dir / "checkpoints").iterdir() if ".tmp-" in n.name]
+    try:  # the log after kills and resumes: each step once, in order, no line cut by a kill
+        logged = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    except (ValueError, KeyError):
+        logged = None
     return {"trial": i, "kills": kills, "resumed_runs": resumed, "final_diff_bytes": diff,
-            "bytes_lost": diff + sum(k["bytes_lost"] for k in kills), "tmp_leftovers": len(leftovers)}
+            "bytes_lost": diff + sum(k["bytes_lost"] for k in kills), "tmp_leftovers": len(leftovers),
+            "metrics_log_exact": logged == list(range(1, steps + 1))}
 
 
 def summarize(results: list[dict], *, steps: int, ref_wall_s: float, seed: int) -> dict:
@@ -273,6 +278,7 @@ def summarize(results: list[dict], *, steps: int, ref_wall_s: float, seed: int) 
         "final_state_bitwise_equal": sum(r["final_diff_bytes"] == 0 for r in results),
         "bytes_lost": sum(r["bytes_lost"] for r in results),
         "tmp_files_left": sum(r["tmp_leftovers"] for r in results),
+        "metrics_log_exact": sum(r["metrics_log_exact"] for r in results),
     }
 
 
@@ -307,7 +313,8 @@ def main() -> int:
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items())
     (a.out / f"{name}.md").write_text(f"# SIGKILL stress ({a.precision})\n\n| measure | value |\n|---|---|\n{rows}\n")
     print(json.dumps(summary, indent=1))
-    ok = summary["bytes_lost"] == 0 and summary["final_state_bitwise_equal"] == summary["trials"]
+    ok = summary["bytes_lost"] == 0 and summary["final_state_bitwise_equal"] == summary["trials"] == \
+        summary["metrics_log_exact"]
     return 0 if ok else 1
 
 

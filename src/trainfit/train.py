@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainfit.checkpoint import load_latest, save_checkpoint
+from trainfit.checkpoint import atomic_write_bytes, load_latest, save_checkpoint
 from trainfit.config import RunConfig, dump_toml
 from trainfit.data import make_loader
 from trainfit.engine import StepResult, optimizer_step
@@ -152,6 +152,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
         (run_dir / "config.toml").write_text(dump_toml(cfg))
 
     fit = Fitter(run, start_step=start, auto=auto)  # owns the loader; re-cuts a step on out-of-memory
+    if st.rank == 0:
+        _trim_metrics(run_dir / "metrics.jsonl", start)
     metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
     first_loss = math.nan
@@ -201,6 +203,21 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
                    skipped_steps=skipped, tokens_per_s=items / max(wall, 1e-9),
                    effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
                    run_dir=str(run_dir), wall_s=wall)
+
+
+def _trim_metrics(path: Path, start: int) -> None:
+    """Keep the log of steps 1..start only: after a crash it may hold steps past the checkpoint (they are
+    redone) and a line cut mid-write, which the next append would glue to a valid one."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            if json.loads(line)["step"] <= start:
+                keep.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    atomic_write_bytes(path, "".join(keep).encode())
 
 
 def save_state(run: Run, step: int) -> None:

@@ -29,6 +29,7 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise(tmp_path):
     assert summary["newest_checkpoint_verified"] == summary["newest_checkpoint_checked"], trials
     assert summary["final_state_bitwise_equal"] == 3, trials
     assert summary["bytes_lost"] == 0 and summary["tmp_files_left"] == 0, trials
+    assert summary["metrics_log_exact"] == 3, trials  # metrics.jsonl: steps 1..N once each after resumes
     assert summary["max_steps_redone"] <= 1, trials  # --checkpoint-every 1: at most the step in flight
 
 
