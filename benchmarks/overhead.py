@@ -223,7 +223,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: least noise when shared)")
     ap.add_argument("--quick", action="store_true", help="a few rounds only (smoke test; not for results)")
     ap.add_argument("--only", choices=("gpt", "tiny"), help="run one of the two measurements")
+    ap.add_argument("--markdown-only", action="store_true", help="rewrite overhead.md from overhead.json")
     args = ap.parse_args()
+    if args.markdown_only:
+        import json
+
+        res = json.loads((RESULTS / "overhead.json").read_text())
+        head = (RESULTS / "overhead.md").read_text().split("\n\n## ", 1)[0]
+        (RESULTS / "overhead.md").write_text(head + "\n\n" + markdown(res) + "\n")
+        return
     if args.quick:
         args.gpt_rounds, args.tiny_rounds, args.block = 2, 3, 10
     torch.set_num_threads(args.threads)
@@ -255,6 +263,9 @@ def main() -> None:
         other = "tiny" if args.only == "gpt" else "gpt"
         results[other] = prev.get(other, {})
         results["settings_" + other] = prev.get("settings_" + other, prev.get("settings"))
+        results["commands"] = {**prev.get("commands", {}), args.only: "python " + " ".join(sys.argv)}
+    else:
+        results["commands"] = {part: "python " + " ".join(sys.argv) for part in ("gpt", "tiny")}
     results["settings_" + (args.only or "all")] = vars(args)
     if not args.quick:
         write_results("overhead", results, markdown(results))
@@ -294,6 +305,7 @@ def markdown(res: dict) -> str:
                            f"{q(r['cpu_added_us_per_step'], '.0f')} | {ci[0]:.0f} to {ci[1]:.0f} | "
                            f"{q(r['added_us_per_step'], '.0f')} |")
     v = res["versions"]
+    out += [""] + [f"{'GPT' if k == 'gpt' else 'Fixed-cost'} rows: `{c}`  " for k, c in res.get("commands", {}).items()]
     out += ["", f"Medians over rounds with the interquartile range in brackets; ratios and differences are paired "
                 f"within a round. CPU time is the process's own (time.process_time), robust to other load on the "
                 f"machine; wall time is what a user waits. torch {v['torch']}, accelerate {v['accelerate']}, "

@@ -9,6 +9,9 @@ OUT=benchmarks/results/readme_examples
 mkdir -p "$OUT"
 rm -rf runs/first runs/zero2
 TF=.venv/bin/trainfit
+# One intra-op thread: on a shared, oversubscribed 2-core box two spinning OpenMP threads per process made
+# a gpt-tiny step take ~70 s instead of ~3 s.
+export OMP_NUM_THREADS=1
 
 ex() {  # ex NAME CMD... : run, keep stdout + the final stderr lines (tqdm's carriage-return frames dropped)
   local name=$1; shift
@@ -21,7 +24,7 @@ ex() {  # ex NAME CMD... : run, keep stdout + the final stderr lines (tqdm's car
   rm -f "$OUT/$name.out" "$OUT/$name.err"
 }
 
-ex train      $TF train --steps 30 --run-dir runs/first --report
+ex train      $TF train --steps 20 --run-dir runs/first --report
 ex memory     $TF memory --run-dir runs/first --report
 ex memory_est $TF memory --estimate --model gpt2-small --seq 1024 --micro-batch 8 --precision bf16-mixed
 ex profile    $TF profile --steps 8 --run-dir runs/first --report

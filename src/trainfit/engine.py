@@ -58,7 +58,7 @@ def optimizer_step(
         micro_batches, count_fn, all_reduce_sum=strategy.all_reduce_sum, world_size=strategy.world_size
     )
     scale = precision.scaler.scale
-    loss_total = torch.zeros((), dtype=torch.float32, device=strategy.device)
+    loss_total = 0.0  # becomes a tensor on the loss's device at the first micro-batch (no extra allocation)
     for mb, is_last in window:
         with strategy.sync_context(model, is_last):  # DDP/FSDP: no gradient sync until the last
             with precision.autocast(strategy.device.type), timer.phase("forward"):  # forward + loss only
