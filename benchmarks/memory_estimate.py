@@ -40,7 +40,7 @@ LLAMA = {
 }
 SMALL = [  # (label, model, model_config, seq, batch)
     ("gpt-tiny (3.3M)", "gpt-tiny", "", 64, 8),
-    ("gpt2-shaped 5.3M", "gpt-tiny", "n_layer=6,d_model=256,n_head=4", 128, 8),
+    ("gpt 4.9M (6 layers, d_model 256)", "gpt-tiny", "n_layer=6,d_model=256,n_head=4", 128, 8),
 ]
 GIB = 2**30
 
@@ -69,9 +69,9 @@ def child(size: str, shortcut: bool) -> None:
 
     cfg = make_config(dict(model="hf:LlamaForCausalLM", model_config=LLAMA[size], seq_len=4096, micro_batch=1,
                            accumulation=1, precision="bf16-mixed", optimizer="adamw"))
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     r = estimate_memory(cfg, shortcut=shortcut)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     import torch
     import transformers
 
@@ -79,7 +79,8 @@ def child(size: str, shortcut: bool) -> None:
 
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(parse_hf_config(transformers.LlamaConfig, LLAMA[size]))
-    print(json.dumps({"size": size, "estimate_s": t2 - t1, "import_s": t1 - t0,
+    print(json.dumps({"size": size, "estimate_s": t2 - t1, "estimate_cpu_s": c2 - c1, "import_s": t1 - t0,
+                      "process_cpu_s": time.process_time(),
                       "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "largest_layer_params": largest_layer_params(model), "report": r.to_dict()}))
 
@@ -128,13 +129,14 @@ def main() -> None:
     big = [run_child(s) for s in (["7B"] if a.quick else ["7B", "70B"])]
     small = [] if a.quick else small_rows()
     md = ["## Llama-shaped estimates (seq 4096, micro-batch 1, bf16-mixed, AdamW, no checkpointing)", "",
-          "| model | params | estimate (s) | process wall incl. imports (s) | peak RSS (MiB) | trainfit peak | "
-          "params | grads | optimizer | activations | ZeRO-2 formula | ZeRO-3 formula | Accelerate (bf16) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| model | params | estimate wall (s) | estimate CPU (s) | process wall incl. imports (s) | "
+          "process CPU (s) | peak RSS (MiB) | trainfit peak | params | grads | optimizer | activations | "
+          "ZeRO-2 formula | ZeRO-3 formula | Accelerate (bf16) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for d in big:
         r, n = d["report"], d["report"]["n_params"]
-        md.append(f"| {d['size']} | {n / 1e9:.2f}B | {d['estimate_s']:.1f} | {d['process_wall_s']:.1f} | "
-                  f"{d['rss_mib']:.0f} | {r['peak_bytes'] / GIB:.1f} GiB ({r['peak_phase']}) | "
+        md.append(f"| {d['size']} | {n / 1e9:.2f}B | {d['estimate_s']:.1f} | {d['estimate_cpu_s']:.1f} | "
+                  f"{d['process_wall_s']:.1f} | {d['process_cpu_s']:.1f} | {d['rss_mib']:.0f} | {r['peak_bytes'] / GIB:.1f} GiB ({r['peak_phase']}) | "
                   f"{r['params_bytes'] / GIB:.1f} | {r['grads_bytes'] / GIB:.1f} | {r['optimizer_bytes'] / GIB:.1f} | "
                   f"{r['activations_bytes'] / GIB:.1f} | {deepspeed_zero2(n) / GIB:.1f} | "
                   f"{deepspeed_zero3(n, d['largest_layer_params']) / GIB:.1f} | {accelerate_adam(n, 2) / GIB:.1f} |")
