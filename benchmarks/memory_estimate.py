@@ -1,6 +1,6 @@
 """Memory estimate: time and RSS for Llama-shaped 7B and 70B steps, and how it compares.
 
-    .venv/bin/python benchmarks/memory_estimate.py            # 7B, 70B, and the measured small models
+    .venv/bin/python benchmarks/memory_estimate.py            # 7B, 70B, torch's MemTracker on 7B, small models
     .venv/bin/python benchmarks/memory_estimate.py --quick    # 7B only
 
 Each big estimate runs in a fresh process (wall time includes importing torch and
@@ -85,6 +85,37 @@ def child(size: str, shortcut: bool) -> None:
                       "largest_layer_params": largest_layer_params(model), "report": r.to_dict()}))
 
 
+def memtracker_child() -> None:
+    """PyTorch's own fake-tensor MemTracker on the same 7B step (full model, two steps), for timing."""
+    import torch
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from trainfit.tasks.hf import parse_hf_config
+
+    config = parse_hf_config(transformers.LlamaConfig, LLAMA["7B"] + ",use_cache=false")
+    t0, c0 = time.perf_counter(), time.process_time()
+    with FakeTensorMode():
+        model = transformers.LlamaForCausalLM(config)
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+        ids = torch.randint(0, config.vocab_size, (1, 4096))
+        mt = MemTracker()
+        mt.track_external(model, opt)
+        with mt:
+            for i in range(2):  # the second step, so Adam's state exists
+                if i:
+                    mt.reset_mod_stats()  # MemTracker refuses a second iteration otherwise
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = model(input_ids=ids).logits
+                torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten(), reduction="sum").backward()
+                opt.step()
+                opt.zero_grad()
+        peak = sum(v for d in mt.get_tracker_snapshot("peak").values() for k, v in d.items() if k == "Total")
+    print(json.dumps({"size": "7B", "estimate_s": time.perf_counter() - t0, "estimate_cpu_s": time.process_time() - c0,
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak_bytes": peak}))
+
+
 def run_child(size: str, shortcut: bool = True) -> dict:
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, __file__, "--child", size] + ([] if shortcut else ["--no-shortcut"]),
@@ -122,11 +153,14 @@ def main() -> None:
     ap.add_argument("--no-shortcut", action="store_true")
     ap.add_argument("--quick", action="store_true", help="7B only, no small models")
     a = ap.parse_args()
+    if a.child == "memtracker":
+        return memtracker_child()
     if a.child:
         return child(a.child, not a.no_shortcut)
     from _common import write_results
 
     big = [run_child(s) for s in (["7B"] if a.quick else ["7B", "70B"])]
+    torch_mt = None if a.quick else run_child("memtracker")
     small = [] if a.quick else small_rows()
     md = ["## Llama-shaped estimates (seq 4096, micro-batch 1, bf16-mixed, AdamW, no checkpointing)", "",
           "| model | params | estimate wall (s) | estimate CPU (s) | process wall incl. imports (s) | "
@@ -141,6 +175,11 @@ def main() -> None:
                   f"{r['activations_bytes'] / GIB:.1f} | {deepspeed_zero2(n) / GIB:.1f} | "
                   f"{deepspeed_zero3(n, d['largest_layer_params']) / GIB:.1f} | {accelerate_adam(n, 2) / GIB:.1f} |")
     md += ["", "GiB unless noted; the formulas are model states on one GPU.", ""]
+    if torch_mt:
+        md += [f"PyTorch's fake-tensor `MemTracker` (torch.distributed._tools) on the same 7B step, whole model, "
+               f"two steps: {torch_mt['estimate_s']:.1f} s wall / {torch_mt['estimate_cpu_s']:.1f} s CPU, "
+               f"{torch_mt['rss_mib']:.0f} MiB RSS, peak {torch_mt['peak_bytes'] / GIB:.1f} GiB "
+               "(it needs `reset_mod_stats()` between steps).", ""]
     if small:
         md += ["## Small models on this CPU: every estimate as a fraction of the *measured* peak", "",
                "| model | precision | params | measured peak | activations share | trainfit estimate | "
@@ -150,7 +189,7 @@ def main() -> None:
             md.append(f"| {s['label']} | {s['precision']} | {s['n_params']:,} | {p / 2**20:.1f} MiB | "
                       f"{s['activations_share_of_peak']:.0%} | {s['trainfit_estimate'] / p:.1%} | "
                       f"{s['zero2'] / p:.0%} | {s['zero3'] / p:.0%} | {s['accelerate'] / p:.0%} |")
-    write_results("memory_estimate", {"big": big, "small": small}, "\n".join(md))
+    write_results("memory_estimate", {"big": big, "torch_memtracker": torch_mt, "small": small}, "\n".join(md))
     print("\n".join(md))
 
 
