@@ -43,3 +43,16 @@ def test_cap_raises_out_of_memory_with_the_numbers():
             b = torch.zeros(500)  # 4000 B: at the cap, fine
             c = torch.zeros(10)  # 4040 B: over
             del a, b, c
+
+
+def test_storage_resized_outside_dispatch_is_seen_when_tracking_resizes():
+    # FSDP2 frees gathered parameters with untyped_storage().resize_(0): no aten op announces it.
+    t = torch.zeros(256)  # 1024 B
+    tr = MemoryTracker()
+    tr.track_resizes = True
+    with tr:
+        u = t + 1  # +1024
+        u.untyped_storage().resize_(0)
+        v = t * 2  # +1024; the sweep after this op re-reads u's size: 0
+        assert tr.live_bytes == 1024 + 1024
+    assert v.numel() == 256

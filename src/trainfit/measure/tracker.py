@@ -44,6 +44,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 _expired = torch.UntypedStorage._expired  # the check StorageWeakRef.expired() wraps, minus a call
+_storage_of = torch.UntypedStorage._new_with_weak_ptr  # a live storage from its weakly held cdata
 
 
 def _tensors(x: Any) -> Iterator[torch.Tensor]:
@@ -116,6 +117,8 @@ class MemoryTracker(TorchDispatchMode):
         self._grad_holders: list[torch.Tensor] = []
         self._stack = contextlib.ExitStack()
         self.listeners: list[Any] = []  # callables(tracker) after each op (e.g. segment labels)
+        self.track_resizes = False
+        """Re-read sizes on every sweep; switched on by register_run for models with DTensor (FSDP2) params."""
 
     # ---- registration -------------------------------------------------------------
     def register(self, tensors: Iterable[torch.Tensor | None], part: str) -> None:
@@ -136,6 +139,7 @@ class MemoryTracker(TorchDispatchMode):
         if optimizer is not None:
             self.register((v for st in optimizer.state.values() for v in st.values()), "optimizer")
         self._grad_holders = params + extra
+        self.track_resizes = any(local_tensor(p) is not p for p in params)  # FSDP2 shards: DTensors
         self.register((t.grad for t in self._grad_holders), "grads")
         self._module_names = {id(m): n for n, m in model.named_modules()}
 
@@ -169,6 +173,19 @@ class MemoryTracker(TorchDispatchMode):
             self._volatile.discard(key)
             self.totals[e.part] -= e.nbytes
             self.live_bytes -= e.nbytes
+        if self.track_resizes:
+            self._refresh_sizes(keys)
+
+    def _refresh_sizes(self, keys: Iterable[int]) -> None:
+        """Re-read storage sizes. FSDP2 frees and regrows gathered parameters with
+        ``untyped_storage().resize_()``, which no dispatch mode sees; costs ~0.4 us per storage."""
+        for key in list(keys):
+            e = self._entries[key]
+            n = _storage_of(key).nbytes()
+            if n != e.nbytes:
+                self.totals[e.part] += n - e.nbytes
+                self.live_bytes += n - e.nbytes
+                e.nbytes = n
 
     def sweep_all(self) -> None:
         self._sweep(self._entries)
