@@ -72,12 +72,14 @@ def test_bf16_mixed_does_not_halve_parameters_and_says_so(tiny_gpt_overrides):
 def test_activations_grow_linearly_with_batch(tiny_gpt_overrides):
     cfg = _cfg("gpt-tiny", model_config=tiny_gpt_overrides, seq_len=16)
     batches = (1, 2, 3, 5)
-    acts = [measure_memory(cfg, batch=b).activations_bytes for b in batches]
+    reports = [measure_memory(cfg, batch=b) for b in batches]
+    acts = [r.activations_bytes for r in reports]
     _, per_sample, residual = fit_line(batches, acts)
     assert residual < 0.02, (acts, residual)
     assert per_sample > 0
-    s = fit_batch_scaling(cfg, batches=(2, 4), method="measure")
+    s = fit_batch_scaling(cfg, batches=(2, 5), method="measure", reports=reports)  # reuses, no new steps
     assert s.activations_per_sample_bytes == pytest.approx(per_sample, rel=0.02)
+    assert s.parts_at(3)["activations"] == pytest.approx(acts[2], rel=0.02)
 
 
 def test_full_checkpointing_keeps_only_block_inputs():
