@@ -181,15 +181,16 @@ def test_unknown_config_keys_are_named_with_the_known_ones(key):
 def test_unparsable_toml_is_one_line(junk):
     import tomllib
 
-    try:
-        tomllib.loads(junk)
-        return  # happened to be valid TOML
-    except tomllib.TOMLDecodeError:
-        pass
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "c.toml"
         cfg.write_text(junk)
-        rc, err = _run(["train", str(cfg), f"--run-dir={tmp}/run"])
+        try:  # as the loader reads it (text mode turns a lone "\r" into a newline, which is valid)
+            tomllib.loads(cfg.read_text())
+            return  # happened to be valid TOML
+        except tomllib.TOMLDecodeError:
+            pass
+        rc, err = _run(["train", str(cfg), "--steps=1", "--model-config=n_layer=1,d_model=32,n_head=2",
+                        f"--run-dir={tmp}/run"])
         _check_refused(rc, err, "config", str(cfg), Path(tmp) / "run")
 
 
