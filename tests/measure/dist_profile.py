@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-CFG = {"model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 32, "micro_batch": 8, "accumulation": 2,
+CFG = {"model_config": "n_layer=2,d_model=128,n_head=2", "seq_len": 64, "micro_batch": 8, "accumulation": 2,
        "dataset_size": 512}
 
 
