@@ -102,3 +102,56 @@ def test_slowest_of_is_the_quantile_of_the_maximum():
 def test_straggler_time_adds_to_the_step():
     p = comm.predict("ddp", n=2, compute_s=1.0, grad_bytes=0.0, bandwidth_bytes_per_s=1e9, straggler_s=0.25)
     assert p.step_s == pytest.approx(1.25) and p.speedup == pytest.approx(2 / 1.25)
+
+
+# --- per-call latency: hand counts of the collectives trainfit's strategies issue per step ---
+
+MiB = 2**20
+
+
+def test_ddp_bucket_count_by_hand():
+    # 1 MiB first bucket, then 25 MiB buckets (DDP defaults).
+    assert comm.ddp_buckets(0.5 * MiB) == 1
+    assert comm.ddp_buckets(1 * MiB) == 1
+    assert comm.ddp_buckets(1 * MiB + 1) == 2
+    assert comm.ddp_buckets(26 * MiB) == 2
+    assert comm.ddp_buckets(100 * MiB) == 1 + 4  # 99 MiB after the first: ceil(99 / 25) = 4
+
+
+def test_collective_calls_by_hand():
+    # gpt-tiny with 2 blocks: 29 tensors, 3 FSDP units (2 blocks + root), 548 kB of fp32 gradients.
+    kw = dict(grad_bytes=547_840, n_param_tensors=29, fsdp_units=3)
+    ddp = comm.collective_calls("ddp", **kw, accumulation=2)
+    assert (ddp.all_reduce, ddp.broadcast, ddp.all_gather, ddp.reduce_scatter, ddp.small_all_reduce) == (1, 0, 0, 0, 2)
+    z1 = comm.collective_calls("zero1", **kw)
+    assert (z1.all_reduce, z1.broadcast, z1.small_all_reduce) == (1, 29, 2)
+    # zero2, 2 micro-batches synced each: gathers 3 x 2 (resharded after every backward), scatters 3 x 2,
+    # small: count + loss + clip norm.
+    z2 = comm.collective_calls("zero2", **kw, accumulation=2, per_micro_batch=True)
+    assert (z2.all_gather, z2.reduce_scatter, z2.all_reduce, z2.small_all_reduce) == (6, 6, 0, 3)
+    z2d = comm.collective_calls("zero2", **kw, accumulation=2)
+    assert (z2d.all_gather, z2d.reduce_scatter) == (6, 3)
+    # zero3: gathers in forward and again in backward per micro-batch.
+    z3 = comm.collective_calls("zero3", **kw, accumulation=1)
+    assert (z3.all_gather, z3.reduce_scatter, z3.small_all_reduce) == (6, 3, 3)
+    assert comm.collective_calls("zero3", **kw, grad_clip=False, loss_scaling=True).small_all_reduce == 3
+
+
+def test_call_latency_in_comm_seconds():
+    # zero3 on 2 devices, 1 micro-batch, 3 units: 6 gathers + 3 scatters, 1 ring step each = 9 steps
+    # (small all-reduces are costed apart); bytes as before: 2(1/2)P + (1/2)G.
+    calls = comm.collective_calls("zero3", grad_bytes=G, n_param_tensors=29, fsdp_units=3)
+    t = comm.comm_seconds("zero3", n=2, grad_bytes=G, bandwidth_bytes_per_s=1e9, latency_s=1e-3, calls=calls)
+    assert t == pytest.approx(9 * 1e-3 + 1.5 * G / 1e9)
+    # zero1 on 4 devices, G = 100 MB = 95.4 MiB: 1 + ceil(94.4 / 25) = 5 bucket all-reduces (6 steps each)
+    # + 29 broadcasts (3 steps each); the 2 small all-reduces add 6 steps each.
+    z1 = comm.collective_calls("zero1", grad_bytes=G, n_param_tensors=29, fsdp_units=3)
+    assert z1.ring_steps(4, small=False) == 5 * 6 + 29 * 3
+    assert z1.ring_steps(4) == 5 * 6 + 29 * 3 + 2 * 6
+
+
+def test_calls_reject_bad_counts():
+    with pytest.raises(ValueError, match="broadcast"):
+        comm.Calls(broadcast=-1)
+    with pytest.raises(ValueError, match="strategy"):
+        comm.collective_calls("zero4", grad_bytes=G, n_param_tensors=1, fsdp_units=1)

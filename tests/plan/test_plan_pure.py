@@ -38,8 +38,10 @@ def test_gpt_shape_counts_the_real_model_parameters():
     for name, cfg in [("gpt-tiny", ""), ("gpt-tiny", "n_layer=3,d_model=48,n_head=4"), ("gpt-small", "")]:
         task = make_task(name, model_config=cfg, seq_len=64)
         with torch.device("meta"):
-            real = sum(p.numel() for p in task.build_model().parameters())
+            params = list(task.build_model().parameters())
+        real = sum(p.numel() for p in params)
         assert shape_of(name, cfg, seq_len=64).n_params == real
+        assert shape_of(name, cfg, seq_len=64).n_tensors == len(params)  # zero1 broadcasts each
 
 
 @pytest.mark.hf
@@ -48,9 +50,11 @@ def test_llama_shape_counts_transformers_parameters():
     conf = dict(vocab_size=300, num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=96, tie_word_embeddings=False)
     with torch.device("meta"):
-        real = sum(p.numel() for p in transformers.LlamaForCausalLM(transformers.LlamaConfig(**conf)).parameters())
+        params = list(transformers.LlamaForCausalLM(transformers.LlamaConfig(**conf)).parameters())
+    real = sum(p.numel() for p in params)
     spec = ",".join(f"{k}={v}" for k, v in conf.items() if k != "tie_word_embeddings")
     assert shape_of("hf:LlamaForCausalLM", spec).n_params == real
+    assert shape_of("hf:LlamaForCausalLM", spec).n_tensors == len(params)
 
 
 def test_memory_per_strategy_by_hand():
@@ -84,6 +88,26 @@ def test_step_time_by_hand():
     assert t.comm_s == pytest.approx(2 * 0.75 * 4000 / 1e6)
     assert t.step_s == pytest.approx(t.compute_s + t.comm_s)
     assert t.scaling_efficiency == pytest.approx(t.compute_s / t.step_s)
+
+
+def test_step_time_counts_each_collective_call_by_hand():
+    # 4 blocks -> 5 FSDP units; 10 parameter tensors; 4000 B of gradients (one DDP bucket); n = 2.
+    b = basis(n_param_tensors=10)
+    lat = 1e-3
+    links = Links(flops_per_s=1e9, bandwidth_bytes_per_s=1e6, latency_s=lat, overlap=0.0)
+    # ddp: 1 bucket all-reduce (2 ring steps) + token-count and loss all-reduces (2 steps each).
+    t = step_time(b, cand(strategy="ddp", n=2), links)
+    assert t.comm_s == pytest.approx(4000 / 1e6 + 2 * lat + 2 * 2 * lat)
+    # zero1: + 10 broadcasts (1 step each on 2 devices).
+    t = step_time(b, cand(strategy="zero1", n=2), links)
+    assert t.comm_s == pytest.approx(4000 / 1e6 + (2 + 10) * lat + 2 * 2 * lat)
+    # zero3, accumulation 2, per-micro-batch: gathers 5 units x 2 (fwd+bwd) x 2 mb = 20, scatters 5 x 2 = 10,
+    # small: count, loss, clip norm = 3 all-reduces of 2 steps. Bytes: 2 x 2 x P/2 + 2 x G/2 (P = G = 4000).
+    t = step_time(b, cand(strategy="zero3", n=2, accumulation=2, grad_sync="per-micro-batch"), links)
+    assert t.comm_s == pytest.approx((2 * 2 * 2000 + 2 * 2000) / 1e6 + (20 + 10) * lat + 3 * 2 * lat)
+    assert t.step_s == pytest.approx(t.compute_s + t.comm_s)
+    # One device: no communication at all.
+    assert step_time(b, cand(strategy="zero3", n=1), links).comm_s == 0.0
 
 
 def test_rules_table_shape_and_checks():

@@ -23,6 +23,7 @@ all-reduce (= reduce-scatter + all-gather) sends 2(n-1)/n x B.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Literal
 
 Strategy = Literal["ddp", "zero1", "zero2", "zero3"]
@@ -129,11 +130,13 @@ def bytes_per_step(strategy: str, *, n: int, grad_bytes: float, param_bytes: flo
 
 def comm_seconds(strategy: str, *, n: int, grad_bytes: float, bandwidth_bytes_per_s: float,
                  latency_s: float = 0.0, param_bytes: float | None = None, accumulation: int = 1,
-                 per_micro_batch: bool = False) -> float:
+                 per_micro_batch: bool = False, calls: Calls | None = None) -> float:
     """Seconds of communication per step: ring steps x latency + bytes / bandwidth.
 
     ``bandwidth_bytes_per_s`` is what one device can send while receiving as much (the
-    unidirectional link bandwidth of the ring's slowest hop).
+    unidirectional link bandwidth of the ring's slowest hop). ``calls``: the step's real
+    collective calls (:func:`collective_calls`, small all-reduces left out here); without it,
+    one call per collective of the strategy's :data:`TRAFFIC` row.
     """
     if not bandwidth_bytes_per_s > 0:
         raise ValueError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s!r}: must be > 0")
@@ -142,10 +145,110 @@ def comm_seconds(strategy: str, *, n: int, grad_bytes: float, bandwidth_bytes_pe
     param_bytes = grad_bytes if param_bytes is None else param_bytes
     _check(n, grad_bytes, param_bytes, accumulation, strategy)
     per_mb = per_micro_batch and strategy in ("zero2", "zero3")
-    steps = sum(_times(c, accumulation, per_mb) * _ring_steps(c.op, n) for c in TRAFFIC[strategy].collectives)
+    if calls is not None:
+        steps = calls.ring_steps(n, small=False)
+    else:
+        steps = sum(_times(c, accumulation, per_mb) * _ring_steps(c.op, n) for c in TRAFFIC[strategy].collectives)
     sent = bytes_per_step(strategy, n=n, grad_bytes=grad_bytes, param_bytes=param_bytes,
                           accumulation=accumulation, per_micro_batch=per_micro_batch)
     return steps * latency_s + sent / bandwidth_bytes_per_s
+
+
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: DDP caps its first gradient bucket at 1 MiB."""
+DDP_BUCKET_BYTES = 25 * 2**20
+"""``DistributedDataParallel(bucket_cap_mb=25)`` default: every later bucket holds up to 25 MiB."""
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """All-reduces DDP issues per gradient sync: one per bucket (1 MiB first, then 25 MiB each).
+
+    DDP fills buckets with whole tensors in reverse registration order, so a tensor that
+    straddles a cap closes the bucket early; this count ignores that and is a lower bound.
+    """
+    if grad_bytes <= DDP_FIRST_BUCKET_BYTES:
+        return 1
+    return 1 + math.ceil((grad_bytes - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calls:
+    """Collective calls one optimizer step issues, by op. Each call pays its ring steps of latency.
+
+    The byte model above treats a strategy's traffic as one collective per buffer; the real
+    libraries split it into many calls (per bucket, per FSDP unit, per parameter), and on a
+    small model or a slow-to-start transport (gloo on CPU) their fixed cost dominates.
+    """
+
+    all_reduce: int = 0
+    """Gradient all-reduces (DDP buckets)."""
+    reduce_scatter: int = 0
+    all_gather: int = 0
+    broadcast: int = 0
+    small_all_reduce: int = 0
+    """Latency-bound all-reduces of a few bytes (token count, loss, clip norm, overflow flag)."""
+
+    def __post_init__(self) -> None:
+        for k, v in self.__dict__.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{k}={v!r} is not valid; allowed: an integer >= 0 (calls per step)")
+
+    def ring_steps(self, n: int, *, small: bool = True) -> int:
+        """Latency steps of the calls on n devices: a ring all-reduce 2(n-1), reduce-scatter and
+        all-gather n-1 each; a broadcast is counted as a pipelined ring too, n-1.
+        ``small=False`` leaves out the small all-reduces (costed apart: never overlapped)."""
+        ar = self.all_reduce + (self.small_all_reduce if small else 0)
+        return 2 * (n - 1) * ar + (n - 1) * (self.reduce_scatter + self.all_gather + self.broadcast)
+
+    def total(self) -> int:
+        return self.all_reduce + self.reduce_scatter + self.all_gather + self.broadcast + self.small_all_reduce
+
+
+def collective_calls(strategy: str, *, grad_bytes: float, n_param_tensors: int, fsdp_units: int,
+                     accumulation: int = 1, per_micro_batch: bool = False, grad_clip: bool = True,
+                     loss_scaling: bool = False) -> Calls:
+    """Collective calls of one optimizer step of trainfit's strategies (read from torch 2.x sources).
+
+    Args:
+        grad_bytes: gradient bytes as reduced (sets DDP's bucket count).
+        n_param_tensors: trainable parameter tensors (ZeroRedundancyOptimizer broadcasts each).
+        fsdp_units: FSDP2 parameter groups: one per ``fully_shard`` call (trainfit: one per
+            block + the root).
+        accumulation: micro-batches per step.
+        per_micro_batch: FSDP reduce-scatters after every micro-batch instead of the last only.
+        grad_clip: the engine clips the global gradient norm (default config: yes).
+        loss_scaling: fp16 dynamic loss scaling (an overflow-flag all-reduce per step).
+    """
+    if strategy not in TRAFFIC:
+        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(STRATEGIES)}")
+    if accumulation < 1 or n_param_tensors < 0 or fsdp_units < 0 or grad_bytes < 0:
+        raise ValueError(f"accumulation={accumulation!r}, n_param_tensors={n_param_tensors!r}, "
+                         f"fsdp_units={fsdp_units!r}, grad_bytes={grad_bytes!r}: need accumulation >= 1, rest >= 0")
+    # engine.optimizer_step: one all-reduce of the window's token count (AccumulationWindow) and one
+    # of the summed loss, every strategy; the fp16 scaler all-reduces its overflow flag (MAX).
+    small = 2 + int(loss_scaling)
+    if strategy in ("ddp", "zero1"):
+        # DDP: gradients all-reduced bucket by bucket in the last micro-batch's backward (no_sync
+        # before it); the planner's rules allow per-micro-batch sync only for zero2/zero3. Replicated
+        # gradients need no all-reduce for the clip norm (strategies/ddp.py clip_grad_norm).
+        calls = Calls(all_reduce=ddp_buckets(grad_bytes), small_all_reduce=small)
+        if strategy == "zero1":
+            # ZeroRedundancyOptimizer.step -> _sync_params -> _broadcast_params_from_rank(r) for every
+            # rank r: with parameters_as_bucket_view=False (the default, which trainfit keeps) one
+            # async broadcast per parameter of r's partition, i.e. one per parameter tensor in all.
+            calls = Calls(all_reduce=calls.all_reduce, broadcast=n_param_tensors, small_all_reduce=small)
+        return calls
+    # FSDP2 (fully_shard docstring and _fsdp_param_group.py): each parameter group is all-gathered in
+    # one collective by its forward pre-hook and its gradients reduce-scattered in one collective.
+    # reshard_after_backward defaults to True, so every micro-batch's forward gathers again (zero2
+    # too). zero3 (reshard_after_forward=True, passed explicitly, so the root is not exempted as
+    # under the auto default) frees after forward and gathers again in backward. The reduce-scatter
+    # runs in every backward that syncs: the last only (set_requires_gradient_sync(False) before it)
+    # or every micro-batch. Sharded gradients need one all-reduce for the global clip norm.
+    gathers_per_mb = fsdp_units * (2 if strategy == "zero3" else 1)
+    scatters = fsdp_units * (accumulation if per_micro_batch else 1)
+    return Calls(all_gather=gathers_per_mb * accumulation, reduce_scatter=scatters,
+                 small_all_reduce=small + int(grad_clip))
 
 
 @dataclass(frozen=True, kw_only=True)

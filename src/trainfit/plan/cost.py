@@ -11,7 +11,8 @@ pair on one device, from the memory estimator or from the shape -- scaled analyt
     peak          max(backward peak, optimizer-step peak)
 
 Step time = hardware FLOPs (recompute included) / achievable FLOP/s + per-micro-batch
-overhead + communication not hidden behind backward (ring model of ``plan.comm``).
+overhead + communication not hidden behind backward (ring model of ``plan.comm``: bytes /
+bandwidth plus, per collective call the strategy really issues, its ring steps x latency).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Basis:
     param_comm_bytes: float
     """Parameter bytes as gathered (compute dtype)."""
     source: str
+    n_param_tensors: int = 0
+    """Trainable parameter tensors (zero1 broadcasts each per step); 0 when unknown (then not costed)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +169,7 @@ class Links:
     bandwidth_bytes_per_s: float
     """Per-device ring bandwidth (the slowest hop: inter-node when the ring spans nodes)."""
     latency_s: float = 0.0
-    """Per ring step."""
+    """Per ring step of every collective call (a call costs its ring steps x this, plus bytes / bandwidth)."""
     overlap: float = 0.0
     """Fraction of backward time that can hide communication."""
     overhead_per_micro_batch_s: float = 0.0
@@ -195,12 +198,22 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
     compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
     recompute = (b.hardware_flops_per_sample - b.model_flops_per_sample) * samples / links.flops_per_s
-    comm_s = 0.0
+    comm_s = small_s = 0.0
     if c.n > 1 and c.strategy in comm.TRAFFIC:
+        per_mb = c.grad_sync == "per-micro-batch"
+        # The real calls (per DDP bucket, per FSDP unit = each block + the root, per parameter under
+        # ZeroRedundancyOptimizer), each paying its ring steps of latency; grad clipping assumed on
+        # (the config default), loss scaling under fp16.
+        calls = comm.collective_calls(c.strategy, grad_bytes=b.grad_comm_bytes, n_param_tensors=b.n_param_tensors,
+                                      fsdp_units=b.n_blocks + 1, accumulation=c.accumulation, per_micro_batch=per_mb,
+                                      loss_scaling=c.precision.startswith("fp16"))
         comm_s = comm.comm_seconds(c.strategy, n=c.n, grad_bytes=b.grad_comm_bytes, param_bytes=b.param_comm_bytes,
                                    bandwidth_bytes_per_s=links.bandwidth_bytes_per_s, latency_s=links.latency_s,
-                                   accumulation=c.accumulation, per_micro_batch=c.grad_sync == "per-micro-batch")
-    exposed = max(0.0, comm_s - links.overlap * BACKWARD_SHARE * compute)
+                                   accumulation=c.accumulation, per_micro_batch=per_mb, calls=calls)
+        # The engine's small all-reduces (token count, loss, norm, overflow) block the step: never hidden.
+        small_s = 2 * (c.n - 1) * calls.small_all_reduce * links.latency_s
+    exposed = max(0.0, comm_s - links.overlap * BACKWARD_SHARE * compute) + small_s
+    comm_s += small_s
     step = compute + exposed
     return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
                 scaling_efficiency=compute / step if step > 0 else 1.0)

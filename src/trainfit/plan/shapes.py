@@ -53,6 +53,15 @@ class TransformerShape:
         return emb + self.n_layer * self.block_params + final_norm + self.vocab_size * d  # untied head
 
     @property
+    def n_tensors(self) -> int:
+        """Parameter tensors: GPT block = 4 linears with biases + 2 LayerNorms (w, b) = 12; top =
+        token and position embeddings, final LayerNorm (2), head = 5. Llama block = q, k, v, o,
+        gate, up, down + 2 RMSNorms = 9; top = embedding, final norm, head = 3."""
+        if self.family == "gpt":
+            return 12 * self.n_layer + 5
+        return 9 * self.n_layer + 3
+
+    @property
     def matmul_params(self) -> int:
         """Parameters used in matmuls per token (everything but embeddings and norms)."""
         return self.n_layer * self.block_params + self.vocab_size * self.d_model

@@ -56,9 +56,11 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
     import torch
 
     with torch.device("meta"):
-        n_blocks = len(task.block_names(task.build_model()))
+        meta = task.build_model()
+        n_blocks = len(task.block_names(meta))
+        n_tensors = sum(1 for p in meta.parameters() if p.requires_grad)
     return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
-                              n_blocks=max(n_blocks, 1), acc_reports=(q1, q2))
+                              n_blocks=max(n_blocks, 1), acc_reports=(q1, q2), n_param_tensors=n_tensors)
 
 
 def basis_provider(base_cfg, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
