@@ -95,8 +95,15 @@ def make_plan(args):
     seq = _int("seq", args.seq_len, 2)
     base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
     basis, used = basis_provider(base, source=args.basis)
+    latency_s = 0.0
+    if row.peak_row is None and args.calibrate and devices > 1:
+        # Per-collective-call latency on CPU: gloo's path between ranks on one host is TCP loopback;
+        # its one-way latency is one ring step (as measure/scaleout.py uses it without a live group).
+        from trainfit.measure.hardware import measure_loopback
+
+        latency_s = measure_loopback()[1]
     links = links_provider(row, nodes=nodes, devices=devices, intra=_rate("bandwidth-intra", args.bandwidth_intra),
-                           inter=_rate("bandwidth-inter", args.bandwidth_inter))
+                           inter=_rate("bandwidth-inter", args.bandwidth_inter), latency_s=latency_s)
     if args.calibrate:
         if row.peak_row is not None:
             raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
