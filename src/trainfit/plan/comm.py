@@ -15,6 +15,11 @@ Model (weak scaling: every device keeps its micro-batch, the global batch grows 
     speedup(n)   = n * compute_s / step_s(n)                      # samples/s relative to 1 device
     efficiency   = speedup(n) / n
 
+The collectives are counted as the libraries issue them (:func:`collective_calls`): one
+all-reduce per DDP bucket, one broadcast per parameter under ZeroRedundancyOptimizer, one
+all-gather / reduce-scatter per FSDP2 unit and micro-batch; each call pays its ring steps of
+latency. Without ``calls``, one call per row of :data:`TRAFFIC` (the textbook volume).
+
 A ring collective over n devices runs n-1 steps, each moving 1/n of the buffer per device
 (Patarasuk & Yuan 2009): reduce-scatter and all-gather send (n-1)/n x B bytes each, an
 all-reduce (= reduce-scatter + all-gather) sends 2(n-1)/n x B.
