@@ -2,14 +2,18 @@
 
     .venv/bin/python benchmarks/planner_time_dist.py [--out benchmarks/results]
 
-Prediction: compute from ``calibrated_links`` fitted to single-process steps (one thread, wall
-clock), plus the communication of ``plan.comm`` at the loopback bandwidth measured by timing
+Prediction (what ``trainfit plan --device cpu --devices 2 --calibrate`` does): compute from
+``calibrated_links`` fitted to single-process steps (one thread, wall clock), plus the communication of ``plan.comm`` at the loopback bandwidth measured by timing
 an all-reduce of the gradient size inside the two ranks, and a per-collective-call latency
 (each call the strategy issues -- DDP buckets, ZeroRedundancyOptimizer broadcasts, FSDP2
 per-unit gathers and scatters, the engine's small all-reduces -- pays its ring steps of it)
 from the median one-element all-reduce inside the ranks, as measure/scaleout.py takes it;
-gloo on CPU does not overlap communication with backward. Measurement: the fastest of 5 steps (wall clock) inside rank 0. Both use the
-fastest of several tries because other processes on this shared machine only ever add time.
+gloo on CPU does not overlap communication with backward, plus the distributed overhead the
+planner's calibration fits per (strategy, grad_sync) to steps measured on 2 processes at
+micro-batch 2, accumulation 1, 2 and 3 (``plan.sources.measure_dist_steps``, ``plan.cost.fit_dist_overhead``):
+FSDP2's per-unit CPU work and each collective's wait for its peer. The grid below is held out
+(micro-batch 4 and 6, accumulation 1-3). Measurement: the median of 15 steps (wall clock) inside rank 0, as the calibration: 2 gloo ranks
+on 2 cores vary 2x from step to step, so the minimum is a lucky draw and the median the throughput.
 Writes planner_time_dist.{json,md}.
 """
 
@@ -26,8 +30,12 @@ import time
 from pathlib import Path
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
-GRID = [("ddp", 4, 1, "deferred"), ("ddp", 4, 2, "deferred"), ("zero1", 4, 1, "deferred"),
-        ("zero2", 4, 2, "per-micro-batch"), ("zero3", 4, 1, "deferred")]
+GRID = [("ddp", 4, 1, "deferred"), ("ddp", 4, 2, "deferred"), ("ddp", 6, 3, "deferred"),
+        ("zero1", 4, 1, "deferred"), ("zero1", 4, 2, "deferred"),
+        ("zero2", 4, 1, "deferred"), ("zero2", 4, 2, "per-micro-batch"), ("zero2", 6, 3, "deferred"),
+        ("zero3", 4, 1, "deferred"), ("zero3", 4, 2, "per-micro-batch"), ("zero3", 6, 3, "deferred")]
+"""Held out: the distributed overhead is fitted at micro-batch 2 (plan.sources.DIST_POINTS) and
+predicted here at 4 and 6, with accumulations 1-3."""
 
 
 def rank_main(rank: int, root: str) -> None:
@@ -68,7 +76,7 @@ def rank_main(rank: int, root: str) -> None:
               "all_gather": tiny(lambda: dist.all_gather_into_tensor(two, one)),
               "broadcast": tiny(lambda: dist.broadcast(one, src=0))}
     steps = [measure_step_s(make_config({**MODEL, "strategy": s, "micro_batch": mb, "accumulation": acc,
-                                         "grad_sync": sync})) for s, mb, acc, sync in GRID]
+                                         "grad_sync": sync}), reps=15, statistic="median") for s, mb, acc, sync in GRID]
     Path(root, f"rank{rank}.json").write_text(json.dumps({"all_reduce_s": min(times), "grad_bytes": 4 * n,
                                                           "tiny_s": tiny_s, "steps": steps}))
     os._exit(0)
@@ -76,65 +84,78 @@ def rank_main(rank: int, root: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    out = Path(ap.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
-    root = tempfile.mkdtemp()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, root)) for r in range(2)]
-    for pr in procs:
-        pr.start()
-    for pr in procs:
-        pr.join(1800)
-    meas = json.loads(Path(root, "rank0.json").read_text())
-
+    ap.add_argument("--runs", type=int, default=3, help="independent calibrate+measure rounds (spread)")
+    args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    from _common import write_results
+
     from trainfit.config import make_config
     from trainfit.plan import comm
-    from trainfit.plan.cost import Candidate, step_time
+    from trainfit.plan.cost import Candidate, fit_dist_overhead, step_time
     from trainfit.plan.devices import device_row
-    from trainfit.plan.sources import basis_provider, calibrated_links, links_provider
+    from trainfit.plan.sources import basis_provider, calibrated_links, links_provider, measure_dist_steps
 
     base = make_config(MODEL)
-    # A ring all-reduce of B bytes on 2 devices sends B per device: bandwidth = B / t.
-    bw = meas["grad_bytes"] / meas["all_reduce_s"]
     basis, _ = basis_provider(base, source="estimate")
-    plain = links_provider(device_row("cpu"), nodes=1, devices=2, intra=bw, inter=None)
-    links = calibrated_links(base, plain, basis)
-    # A one-element all-reduce on 2 ranks is 2(n-1) = 2 ring steps of latency (as measure/scaleout.py).
-    latency = meas["tiny_s"]["all_reduce"] / 2
-    rows = []
-    for (s, mb, acc, sync), measured in zip(GRID, meas["steps"]):
-        c = Candidate(precision="fp32", micro_batch=mb, accumulation=acc, checkpointing="none", strategy=s,
-                      grad_sync=sync, n=2)
-        t = step_time(basis("fp32", "none"), c, dataclasses.replace(links("fp32", "none"), bandwidth_bytes_per_s=bw,
-                                                                   latency_s=latency))
-        b = basis("fp32", "none")
-        calls = comm.collective_calls(s, grad_bytes=b.grad_comm_bytes, n_param_tensors=b.n_param_tensors,
-                                      fsdp_units=b.n_blocks + 1, accumulation=acc,
-                                      per_micro_batch=sync == "per-micro-batch")
-        rows.append({"strategy": s, "micro_batch": mb, "accumulation": acc, "grad_sync": sync,
-                     "calls": calls.total(), "pred_compute_s": t.compute_s, "pred_comm_s": t.comm_s, "pred_step_s": t.step_s,
-                     "meas_step_s": measured, "ratio": t.step_s / measured, "time_err": t.step_s / measured - 1})
-        print(json.dumps(rows[-1]), flush=True)
-    summary = {"command": "python benchmarks/planner_time_dist.py", "model": MODEL,
-               "loopback_bytes_per_s": bw, "latency_per_ring_step_s": latency, "tiny_collective_s": meas["tiny_s"],
-               "rows": rows}
-    (out / "planner_time_dist.json").write_text(json.dumps(summary, indent=1))
-    lines = ["| strategy | mb x acc | sync | calls/step | predicted compute s | predicted comm s | predicted step s | "
-             "measured step s | predicted/measured |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    b = basis("fp32", "none")
+    runs = []
+    for run in range(args.runs):
+        # 1. the ranks: link bandwidth/latency and the held-out grid (measurement)
+        root = tempfile.mkdtemp()
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=rank_main, args=(r, root)) for r in range(2)]
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join(1800)
+        meas = json.loads(Path(root, "rank0.json").read_text())
+        # 2. the planner's calibration: one-process compute, then the distributed overhead fitted
+        # at micro-batch 2, accumulation 1-3 (plan.sources.DIST_POINTS), in separate processes
+        bw = meas["grad_bytes"] / meas["all_reduce_s"]  # a 2-rank ring all-reduce of B bytes sends B
+        latency = meas["tiny_s"]["all_reduce"] / 2  # one-element all-reduce = 2(n-1) = 2 ring steps
+        plain = links_provider(device_row("cpu"), nodes=1, devices=2, intra=bw, inter=None, latency_s=latency)
+        links = calibrated_links(base, plain, basis)("fp32", "none")
+        fit_points = measure_dist_steps(base, world=2)
+        links = dataclasses.replace(links, dist_overhead=fit_dist_overhead(b, links, n=2, measured=fit_points))
+        rows = []
+        for (s, mb, acc, sync), measured in zip(GRID, meas["steps"]):
+            c = Candidate(precision="fp32", micro_batch=mb, accumulation=acc, checkpointing="none", strategy=s,
+                          grad_sync=sync, n=2)
+            t = step_time(b, c, links)
+            bare = step_time(b, c, dataclasses.replace(links, dist_overhead=()))
+            calls = comm.collective_calls(s, grad_bytes=b.grad_comm_bytes, n_param_tensors=b.n_param_tensors,
+                                          fsdp_units=b.n_blocks + 1, accumulation=acc,
+                                          per_micro_batch=sync == "per-micro-batch")
+            rows.append({"strategy": s, "micro_batch": mb, "accumulation": acc, "grad_sync": sync,
+                         "calls": calls.total(), "pred_compute_s": t.compute_s, "pred_comm_s": t.comm_s,
+                         "pred_overhead_s": t.overhead_s, "pred_step_s": t.step_s, "pred_without_overhead_s": bare.step_s,
+                         "meas_step_s": measured, "ratio": t.step_s / measured,
+                         "ratio_without_overhead": bare.step_s / measured})
+            print(run, json.dumps(rows[-1]), flush=True)
+        runs.append({"loopback_bytes_per_s": bw, "latency_per_ring_step_s": latency, "tiny_collective_s": meas["tiny_s"],
+                     "fit_points": [[*k, v] for k, v in fit_points.items()],
+                     "dist_overhead": [list(r) for r in links.dist_overhead], "rows": rows})
+    lines = ["| strategy | mb x acc | sync | calls/step | predicted compute s | comm s | overhead s | predicted step s | "
+             "measured step s (median) | predicted/measured: median (min-max over runs) | without the overhead term |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    within = 0
+    for i, r in enumerate(runs[0]["rows"]):
+        ratios = [run["rows"][i]["ratio"] for run in runs]
+        bare = [run["rows"][i]["ratio_without_overhead"] for run in runs]
+        med = lambda key: statistics.median(run["rows"][i][key] for run in runs)  # noqa: E731
+        within += all(0.75 <= x <= 1.25 for x in ratios)
         lines.append(f"| {r['strategy']} | {r['micro_batch']} x {r['accumulation']} | {r['grad_sync']} | {r['calls']} | "
-                     f"{r['pred_compute_s']:.4f} | {r['pred_comm_s']:.4f} | {r['pred_step_s']:.4f} | "
-                     f"{r['meas_step_s']:.4f} | {r['ratio']:.2f} |")
-    (out / "planner_time_dist.md").write_text(
-        "# Predicted vs measured step time, 2 gloo processes\n\nCommand: `python benchmarks/planner_time_dist.py`; "
-        f"loopback all-reduce bandwidth measured {bw / 1e6:.0f} MB/s; one-element all-reduce "
-        f"{meas['tiny_s']['all_reduce'] * 1e6:.0f} us (latency {latency * 1e6:.0f} us per ring step), all-gather "
-        f"{meas['tiny_s']['all_gather'] * 1e6:.0f} us, broadcast {meas['tiny_s']['broadcast'] * 1e6:.0f} us.\n\n"
-        + "\n".join(lines) + "\n")
+                     f"{med('pred_compute_s'):.4f} | {med('pred_comm_s'):.4f} | {med('pred_overhead_s'):.4f} | "
+                     f"{med('pred_step_s'):.4f} | {med('meas_step_s'):.4f} | {statistics.median(ratios):.2f} "
+                     f"({min(ratios):.2f}-{max(ratios):.2f}) | {statistics.median(bare):.2f} |")
+    fits = "; ".join(f"{s}/{sync}: {ps * 1e3:+.2f} ms/step {pm * 1e3:+.2f} ms/micro-batch"
+                     for s, sync, ps, pm in runs[0]["dist_overhead"])
+    table = (f"Model {MODEL}; {args.runs} independent runs (each: measure the grid on 2 ranks, then calibrate). "
+             f"Rows within 25% in every run: {within} of {len(GRID)}.\n\n" + "\n".join(lines)
+             + f"\n\nFitted overhead (run 1, at micro-batch 2, accumulation 1-3): {fits}.\n")
+    write_results("planner_time_dist", {"model": MODEL, "grid": GRID, "runs": runs}, table)
 
 
 if __name__ == "__main__":

@@ -90,3 +90,18 @@ def test_zero_sharding_divides_the_sharded_parts_only():
     assert z1.params_bytes == r.params_bytes and z1.grads_bytes == r.grads_bytes
     saved = r.peak_parts["optimizer"] - r.peak_parts["optimizer"] // 4
     assert z1.peak_bytes == r.peak_bytes - saved
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_causal_lm_estimate_takes_the_real_mask_branch(precision):
+    """At 64 tokens a materialised (batch, 1, 64, 64) causal mask is ~5% of the peak: under fake
+    tensors transformers cannot rule out packed sequences and builds one; a real step passes
+    is_causal to SDPA instead. The estimate must take the real branch (peak equal to the byte)."""
+    pytest.importorskip("transformers")
+    mc = HF_TINY["hf:LlamaForCausalLM"].replace("max_position_embeddings=32", "max_position_embeddings=64")
+    cfg = make_config(dict(model="hf:LlamaForCausalLM", model_config=mc, precision=precision, seq_len=64,
+                           micro_batch=3, accumulation=1))
+    measured, estimated = measure_memory(cfg), estimate_memory(cfg)
+    assert estimated.peak_bytes == measured.peak_bytes
+    assert estimated.parts == measured.parts

@@ -101,3 +101,24 @@ def test_no_planned_fit_runs_out_of_memory_under_the_cap():
                                    strategy=run.strategy, grad_clip=cfg.grad_clip)
             except torch.OutOfMemoryError as err:
                 pytest.fail(f"planned to fit but ran out of memory: {e} ({err})")
+
+
+@pytest.mark.distributed
+def test_dist_calibration_measures_on_two_gloo_processes():
+    """plan --calibrate with several CPU devices: steps measured on 2 spawned ranks, then fitted."""
+    from trainfit.config import make_config
+    from trainfit.plan.cost import fit_dist_overhead
+    from trainfit.plan.sources import links_provider, measure_dist_steps
+    from trainfit.plan.devices import device_row
+
+    base = make_config({"model": "gpt-tiny", "model_config": "n_layer=1,d_model=32,n_head=2", "seq_len": 16})
+    measured = measure_dist_steps(base, world=2, pairs=(("ddp", "deferred"), ("zero3", "deferred")),
+                                  points=((2, 1), (2, 2)), reps=3)
+    assert set(measured) == {(s, "deferred", 2, a) for s in ("ddp", "zero3") for a in (1, 2)}
+    assert all(0 < t < 5 for t in measured.values())
+    from trainfit.plan.sources import basis_provider
+
+    basis, _ = basis_provider(base, source="analytic")
+    links = links_provider(device_row("cpu"), nodes=1, devices=2, intra=1e9, inter=None)("fp32")
+    rows = fit_dist_overhead(basis("fp32", "none"), links, n=2, measured=measured)
+    assert [r[:2] for r in rows] == [("ddp", "deferred"), ("zero3", "deferred")]

@@ -110,6 +110,41 @@ def test_step_time_counts_each_collective_call_by_hand():
     assert step_time(b, cand(strategy="zero3", n=1), links).comm_s == 0.0
 
 
+def test_dist_overhead_adds_per_step_and_per_micro_batch_time_by_hand():
+    b = basis()
+    rows = (("zero2", "deferred", 2e-3, 5e-3), ("ddp", "deferred", 1e-3, 0.0))
+    plain = Links(flops_per_s=1e9, bandwidth_bytes_per_s=1e6, overlap=0.0)
+    links = Links(flops_per_s=1e9, bandwidth_bytes_per_s=1e6, overlap=0.0, dist_overhead=rows)
+    c = cand(strategy="zero2", n=2, accumulation=3)
+    t, bare = step_time(b, c, links), step_time(b, c, plain)
+    assert t.overhead_s == pytest.approx(2e-3 + 3 * 5e-3)
+    assert t.step_s == pytest.approx(bare.step_s + 2e-3 + 3 * 5e-3)
+    assert t.scaling_efficiency == pytest.approx(t.compute_s / t.step_s)
+    # only its own (strategy, grad_sync); never on one device
+    assert step_time(b, cand(strategy="zero2", n=2, grad_sync="per-micro-batch"), links).overhead_s == 0.0
+    assert step_time(b, cand(strategy="zero3", n=2), links).overhead_s == 0.0
+    assert step_time(b, cand(strategy="single", n=1), links).overhead_s == 0.0
+
+
+def test_fit_dist_overhead_recovers_a_planted_line():
+    from trainfit.plan.cost import fit_dist_overhead
+
+    b = basis(n_param_tensors=10)
+    links = Links(flops_per_s=1e9, bandwidth_bytes_per_s=1e6, latency_s=1e-4, overlap=0.0)
+    planted = {("zero3", "deferred"): (4e-3, 7e-3), ("ddp", "deferred"): (1.5e-3, 0.5e-3)}
+    measured = {}
+    for (s, sync), (per_step, per_mb) in planted.items():
+        for acc in (1, 2, 3):
+            c = cand(strategy=s, grad_sync=sync, n=2, micro_batch=2, accumulation=acc)
+            # by hand: the model's step without the term, plus the planted line
+            measured[(s, sync, 2, acc)] = step_time(b, c, links).step_s + per_step + per_mb * acc
+    rows = {(s, sync): (ps, pm) for s, sync, ps, pm in fit_dist_overhead(b, links, n=2, measured=measured)}
+    for key, (per_step, per_mb) in planted.items():
+        assert rows[key] == pytest.approx((per_step, per_mb), abs=1e-12)
+    with pytest.raises(ValueError, match="two accumulations"):
+        fit_dist_overhead(b, links, n=2, measured={("ddp", "deferred", 2, 1): 0.01})
+
+
 def test_rules_table_shape_and_checks():
     assert all(r.lever and r.requirement and r.reason for r in RULES)
     ctx = Context(devices=4, dtypes=("fp32", "fp16"))

@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--headroom", default="0.1", help="share of device memory kept free (default 0.1)")
     p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
     p.add_argument("--calibrate", action="store_true",
-                   help="cpu only: fit the compute rate to a few measured steps of this model (seconds)")
+                   help="cpu only: fit the compute rate to a few measured steps of this model (seconds); with "
+                        "--devices > 1 also the distributed overhead, measured on 2 gloo processes (~1 min)")
     p.add_argument("--precisions", help="comma-separated subset to consider (default: all five)")
     p.add_argument("--checkpointings", help="comma-separated subset of none, every:2, full (default: all)")
     p.add_argument("--strategies", help="comma-separated subset of single, ddp, zero1, zero2, zero3 (default: all)")
@@ -96,21 +97,34 @@ def make_plan(args):
     base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
     basis, used = basis_provider(base, source=args.basis)
     latency_s = 0.0
+    intra = _rate("bandwidth-intra", args.bandwidth_intra)
     if row.peak_row is None and args.calibrate and devices > 1:
         # Per-collective-call latency on CPU: gloo's path between ranks on one host is TCP loopback;
         # its one-way latency is one ring step (as measure/scaleout.py uses it without a live group).
         from trainfit.measure.hardware import measure_loopback
 
-        latency_s = measure_loopback()[1]
-    links = links_provider(row, nodes=nodes, devices=devices, intra=_rate("bandwidth-intra", args.bandwidth_intra),
+        loop_bw, latency_s = measure_loopback()
+        intra = intra or loop_bw
+    links = links_provider(row, nodes=nodes, devices=devices, intra=intra,
                            inter=_rate("bandwidth-inter", args.bandwidth_inter), latency_s=latency_s)
     if args.calibrate:
         if row.peak_row is not None:
             raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
-        from trainfit.plan.sources import calibrated_links
+        from trainfit.plan.sources import calibrated_links, with_dist_overhead
 
         links = calibrated_links(base, links, basis)
+        dist_rows = ()
+        if devices > 1:
+            # gloo ranks on one CPU pay more than link time: FSDP2's per-unit work, each collective's
+            # wait for its peer. Measured on 2 processes here and fitted per (strategy, grad_sync).
+            links, dist_rows = with_dist_overhead(links, base, basis, world=2,
+                                                  strategies=subsets.get("strategies"))
     result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    if row.peak_row is None and args.calibrate and devices > 1:
+        fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
+                           for s, sync, ps, pm in dist_rows)
+        result.notes.append(f"distributed overhead measured on 2 gloo processes of this machine and applied to "
+                            f"{devices} devices: {fitted}")
     if row.peak_row is None and not args.calibrate:
         result.notes.append("cpu step times assume the calibrated matmul rate, which a small model does not reach; "
                             "pass --calibrate to fit them to this model's measured steps")

@@ -169,9 +169,12 @@ def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
                          dataset_size=cfg.dataset_size)
         batch = example_batch(task, cfg.micro_batch)  # small real tensors (token ids / images)
     n = next((t.shape[0] for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()), 1)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode):
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), contextlib.ExitStack() as branches:
         with MemoryTracker(stub_scalars=True, classify=False, exact=False):  # only to answer .item()
             run = build_run(cfg)  # some inits read values (e.g. trunc_normal_ bounds)
+            fake_trace = getattr(run.task, "fake_trace", None)
+            if fake_trace is not None:  # take the branches a real step takes (see Task.fake_trace)
+                branches.enter_context(fake_trace())
             mbs = [_fake_batch(mode, batch)] * cfg.accumulation
             warm_up(run, mbs)
         tracker = new_tracker(run, stub_scalars=True)

@@ -17,6 +17,7 @@ bandwidth plus, per collective call the strategy really issues, its ring steps x
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from trainfit.plan import comm
@@ -176,6 +177,17 @@ class Links:
     """Fixed cost per forward+backward (launches, Python), measured or 0."""
     per_step_s: float = 0.0
     """Fixed cost per optimizer step (the update, zeroing), measured or 0."""
+    dist_overhead: tuple[tuple[str, str, float, float], ...] = ()
+    """``(strategy, grad_sync, per_step_s, per_micro_batch_s)`` rows: time a multi-device step spends
+    beyond the compute and the modelled communication, fitted to measured steps of that strategy
+    (``plan.sources.fit_dist_overhead``). On CPU/gloo it is FSDP2's per-unit CPU work (DTensor
+    bookkeeping, copy-in/out, hooks) and each collective's wait for its peer; empty elsewhere."""
+
+    def dist_overhead_s(self, strategy: str, grad_sync: str, accumulation: int) -> float:
+        for s, sync, per_step, per_mb in self.dist_overhead:
+            if s == strategy and sync == grad_sync:
+                return max(0.0, per_step + per_mb * accumulation)
+        return 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +198,8 @@ class Time:
     exposed_comm_s: float
     step_s: float
     scaling_efficiency: float
+    overhead_s: float = 0.0
+    """Measured distributed overhead beyond compute and modelled communication (Links.dist_overhead)."""
     """compute / step: the share of the step the devices spend computing (1 = perfect scaling)."""
 
 
@@ -198,8 +212,9 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
     compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
     recompute = (b.hardware_flops_per_sample - b.model_flops_per_sample) * samples / links.flops_per_s
-    comm_s = small_s = 0.0
+    comm_s = small_s = overhead = 0.0
     if c.n > 1 and c.strategy in comm.TRAFFIC:
+        overhead = links.dist_overhead_s(c.strategy, c.grad_sync, c.accumulation)
         per_mb = c.grad_sync == "per-micro-batch"
         # The real calls (per DDP bucket, per FSDP unit = each block + the root, per parameter under
         # ZeroRedundancyOptimizer), each paying its ring steps of latency; grad clipping assumed on
@@ -214,6 +229,33 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
         small_s = 2 * (c.n - 1) * calls.small_all_reduce * links.latency_s
     exposed = max(0.0, comm_s - links.overlap * BACKWARD_SHARE * compute) + small_s
     comm_s += small_s
-    step = compute + exposed
+    step = compute + exposed + overhead
     return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
-                scaling_efficiency=compute / step if step > 0 else 1.0)
+                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead)
+
+
+def fit_dist_overhead(b: Basis, links: Links, *, n: int, measured: dict[tuple[str, str, int, int], float],
+                      precision: str = "fp32") -> tuple[tuple[str, str, float, float], ...]:
+    """``Links.dist_overhead`` rows from measured multi-device steps.
+
+    ``measured`` maps ``(strategy, grad_sync, micro_batch, accumulation)`` to a measured step (s) on
+    ``n`` devices; for each (strategy, grad_sync) two accumulations or more at one micro-batch.
+    The residual (measured minus this model's step without the term) is fitted as
+    ``per_step + per_micro_batch x accumulation`` by least squares over the accumulations."""
+    groups: dict[tuple[str, str], dict[int, tuple[int, float]]] = {}
+    for (s, sync, mb, acc), t in measured.items():
+        c = Candidate(precision=precision, micro_batch=mb, accumulation=acc, checkpointing="none", strategy=s,
+                      grad_sync=sync, n=n)
+        residual = t - step_time(b, c, dataclasses.replace(links, dist_overhead=())).step_s
+        groups.setdefault((s, sync), {})[acc] = (mb, residual)
+    rows = []
+    for (s, sync), by_acc in sorted(groups.items()):
+        if len(by_acc) < 2:
+            raise ValueError(f"{s}/{sync}: need steps at two accumulations or more, got {sorted(by_acc)}")
+        # least squares of residual = per_step + per_mb x accumulation over the measured points
+        xs = sorted(by_acc)
+        ys = [by_acc[a][1] for a in xs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        per_mb = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        rows.append((s, sync, my - per_mb * mx, per_mb))
+    return tuple(rows)

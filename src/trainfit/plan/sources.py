@@ -113,12 +113,16 @@ def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | N
     return links
 
 
-def measure_step_s(cfg, *, reps: int = 5, clock: Callable[[], float] | None = None) -> float:
+def measure_step_s(cfg, *, reps: int = 5, clock: Callable[[], float] | None = None,
+                   statistic: str = "min") -> float:
     """Fastest of ``reps`` optimizer steps of ``cfg`` on worst-case (full-length) micro-batches, after
     one step that allocates the optimizer state. The minimum, not the median: on a shared machine the
     other processes only ever add time, and the fastest step is the one they disturbed least.
     ``clock`` defaults to wall time; ``time.thread_time`` with one torch thread measures the step's
-    own CPU time, which other processes on a loaded machine barely change."""
+    own CPU time, which other processes on a loaded machine barely change. ``statistic="median"``
+    for steps of several processes: there every step waits for the slowest rank at each
+    collective, and the step-to-step spread is intrinsic (2 gloo ranks on 2 cores: 14-35 ms for
+    one zero1 step), so the median is the throughput a run sees and the minimum a lucky draw."""
     import time
 
     clock = clock or time.perf_counter
@@ -138,7 +142,9 @@ def measure_step_s(cfg, *, reps: int = 5, clock: Callable[[], float] | None = No
                        grad_clip=cfg.grad_clip)
         if i:
             times.append(clock() - t0)
-    return min(times)
+    if statistic not in ("min", "median"):
+        raise ValueError(f"statistic={statistic!r}: choose min or median")
+    return min(times) if statistic == "min" else sorted(times)[len(times) // 2]
 
 
 def calibrated_links(base_cfg, plain: Callable[..., Links], basis: Callable[[str, str], Basis], *,
@@ -171,3 +177,89 @@ def calibrated_links(base_cfg, plain: Callable[..., Links], basis: Callable[[str
         return cache[(p, ck)]
 
     return links
+
+
+DIST_CALIBRATION = (("ddp", "deferred"), ("zero1", "deferred"), ("zero2", "deferred"),
+                    ("zero2", "per-micro-batch"), ("zero3", "deferred"), ("zero3", "per-micro-batch"))
+"""(strategy, grad_sync) pairs the CPU calibration measures; the planner's rules allow
+per-micro-batch sync only under FSDP2 (zero2/zero3)."""
+DIST_POINTS = ((2, 1), (2, 2), (2, 3))
+"""(micro_batch, accumulation) each pair is measured at: three accumulations fit per-step and
+per-micro-batch overhead by least squares (plan.cost.fit_dist_overhead)."""
+
+
+def _dist_rank(rank: int, world: int, root: str, base: dict, pairs: tuple, points: tuple, reps: int) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several processes per host
+    from trainfit.config import make_config
+    from trainfit.strategies import process_group as pg
+
+    try:
+        pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=world, backend="gloo", timeout_s=300)
+        base_cfg = make_config(base)
+        out = []
+        for s, sync in pairs:
+            for mb, acc in points:
+                cfg = make_config({"strategy": s, "grad_sync": sync, "micro_batch": mb, "accumulation": acc},
+                                  base=base_cfg)
+                out.append([s, sync, mb, acc, measure_step_s(cfg, reps=reps, statistic="median")])
+        Path(root, f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        os._exit(0)  # skip interpreter teardown of the group (the parent only reads the files)
+
+
+def measure_dist_steps(base_cfg, *, world: int = 2, pairs=DIST_CALIBRATION, points=DIST_POINTS,
+                       reps: int = 15, timeout_s: float = 900) -> dict[tuple[str, str, int, int], float]:
+    """Measure steps of each (strategy, grad_sync) at ``points`` on ``world`` gloo processes on this host.
+
+    Spawns the ranks (one torch thread each), rendezvous through a file; returns rank 0's median
+    step per point (every rank waits for the slowest at each collective, so rank 0's time is the
+    step's; the median, see ``measure_step_s``)."""
+    import json
+    import multiprocessing
+    import tempfile
+    from pathlib import Path
+
+    values = {f: getattr(base_cfg, f) for f in ("model", "model_config", "seq_len", "optimizer", "seed")}
+    root = tempfile.mkdtemp(prefix="trainfit-calib-")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_dist_rank, args=(r, world, root, values, tuple(pairs), tuple(points), reps))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    alive = [i for i, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    result = Path(root, "rank0.json")
+    if alive or not result.exists():
+        raise RuntimeError(f"distributed calibration on {world} gloo processes did not finish "
+                           f"(ranks still running: {alive}; exit codes {[p.exitcode for p in procs]})")
+    return {(s, sync, mb, acc): t for s, sync, mb, acc, t in json.loads(result.read_text())}
+
+
+def with_dist_overhead(links: Callable[..., Links], base_cfg, basis: Callable[[str, str], Basis], *,
+                       world: int = 2, strategies: tuple[str, ...] | None = None) -> tuple[Callable[..., Links], tuple]:
+    """``links`` with ``dist_overhead`` fitted to steps measured on ``world`` gloo processes here.
+
+    Measured once, in fp32 without checkpointing, and applied to every precision and checkpointing
+    (the overhead is per collective and per FSDP unit, not per FLOP). Returns (links, rows)."""
+    from trainfit.plan.cost import fit_dist_overhead
+
+    pairs = tuple(p for p in DIST_CALIBRATION if strategies is None or p[0] in strategies)
+    if not pairs:
+        return links, ()
+    measured = measure_dist_steps(base_cfg, world=world, pairs=pairs)
+    rows = fit_dist_overhead(basis("fp32", "none"), links("fp32", "none"), n=world, measured=measured)
+
+    def calibrated(p: str, ck: str = "none") -> Links:
+        return dataclasses.replace(links(p, ck), dist_overhead=rows)
+
+    return calibrated, rows

@@ -12,6 +12,7 @@ User models plug in through the same protocol (see :mod:`trainfit.tasks.user`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,6 +66,9 @@ class GenericTask:
     lets the memory estimate trace a few blocks and extrapolate. Empty: trace the whole model."""
     depth: int = 0
     """The number of identical blocks the model has (with depth_key)."""
+    fake_trace: Callable[[], AbstractContextManager] | None = None
+    """Optional: a context the memory estimate enters while stepping under fake tensors, for
+    models that branch on ``is fake tensor`` where the real run branches on data (see hf.py)."""
 
     def block_names(self, model: nn.Module) -> list[str]:
         return [n for n, m in model.named_modules() if type(m).__name__ in self.block_classes and n]
