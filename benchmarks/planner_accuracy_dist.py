@@ -18,6 +18,9 @@ import tempfile
 from pathlib import Path
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
+MODELS = {"gpt-tiny": MODEL,
+          "llama": {"model": "hf:LlamaForCausalLM", "model_config": "vocab_size=256,num_hidden_layers=2,hidden_size=64,"
+                    "num_attention_heads=4,num_key_value_heads=2,intermediate_size=128", "seq_len": 64}}
 GRID = [(s, p, mb, acc, sync) for s in ("ddp", "zero1", "zero2", "zero3") for p in ("fp32", "bf16-mixed")
         for mb, acc, sync in ((3, 1, "deferred"), (6, 2, "deferred"), (6, 2, "per-micro-batch"))
         if sync == "deferred" or s in ("zero2", "zero3")]
@@ -45,12 +48,15 @@ def rank_main(rank: int, root: str, model: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--model-config", default=MODEL["model_config"],
-                    help="held-out shapes: the strategy rules of plan.cost were read off the default one")
+    ap.add_argument("--model", choices=sorted(MODELS), default="gpt-tiny")
+    ap.add_argument("--model-config", default=None,
+                    help="held-out shapes: the strategy rules of plan.cost were read off gpt-tiny's default one")
     ap.add_argument("--tag", default="", help="suffix of the result files")
     args = ap.parse_args()
     out = Path(args.out)
-    model = {**MODEL, "model_config": args.model_config}
+    model = dict(MODELS[args.model])
+    if args.model_config:
+        model["model_config"] = args.model_config
     name = "planner_accuracy_dist" + (f"_{args.tag}" if args.tag else "")
     out.mkdir(parents=True, exist_ok=True)
     root = tempfile.mkdtemp()
@@ -83,18 +89,18 @@ def main() -> None:
                      "pred_peak_bytes": int(pred), "meas_peak_bytes_rank0": measured[0][i],
                      "meas_peak_bytes_rank1": measured[1][i], "mem_err": pred / measured[0][i] - 1})
         print(json.dumps(rows[-1]), flush=True)
-    cmd = "python benchmarks/planner_accuracy_dist.py" + (f" --model-config {args.model_config} --tag {args.tag}"
-                                                          if args.tag else "")
-    (out / f"{name}.json").write_text(json.dumps({"command": cmd, "model": model, "rows": rows}, indent=1))
+    from _common import write_results
+
     lines = ["| strategy | precision | mb x acc | sync | predicted peak/rank | measured rank 0 | measured rank 1 | "
              "error |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['strategy']} | {r['precision']} | {r['micro_batch']} x {r['accumulation']} | "
                      f"{r['grad_sync']} | {r['pred_peak_bytes']:,} | {r['meas_peak_bytes_rank0']:,} | "
                      f"{r['meas_peak_bytes_rank1']:,} | {r['mem_err']:+.1%} |")
-    (out / f"{name}.md").write_text(
-        f"# Planner accuracy, 2 gloo processes (per-rank peak memory)\n\nModel: {model}\n\nCommand: `{cmd}`\n\n"
-        + "\n".join(lines) + "\n")
+    worst = max(abs(r["mem_err"]) for r in rows)
+    write_results(name, {"model": model, "rows": rows},
+                  f"Per-rank peak memory on 2 gloo processes, model {model}: {len(rows)} rows, max |error| "
+                  f"{worst:.2%}.\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -65,9 +65,12 @@ def test_memory_per_strategy_by_hand():
     assert memory(b, cand(strategy="ddp", n=4)).grads_bytes == 8000
     m = memory(b, cand(strategy="zero1", n=4))
     assert m.optimizer_bytes == 2000 and m.grads_bytes == 8000
-    # zero3 per-micro-batch: params / 4 + two gathered blocks (2 x 250 params x 4 B); grads / 4
+    # zero3 per-micro-batch: params / 4 + one gathered unit (mean: 250 params x 4 B); grads / 4
     m = memory(b, cand(strategy="zero3", n=4, accumulation=2, grad_sync="per-micro-batch"))
-    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000 and m.optimizer_bytes == 2000
+    assert m.params_bytes == 1000 + 1000 and m.grads_bytes == 1000 and m.optimizer_bytes == 2000
+    # ... the largest unit when known (a root of 400 params outside 4 blocks of 150)
+    m = memory(basis(max_unit_params=400.0), cand(strategy="zero3", n=4))
+    assert m.params_bytes == 1000 + 1600
     # zero3 deferred with accumulation keeps whole gradients
     assert memory(b, cand(strategy="zero3", n=4, accumulation=2)).grads_bytes == 4000
     # zero2 with a half compute dtype: whole gathered compute copy (1000 x 2 B); with accumulation the
@@ -198,3 +201,16 @@ def test_paper_scale_70b_on_1024_h100_in_seconds(capsys):
     assert best["fits"] and best["strategy"] == "zero3"  # 70B of model state needs sharding
     assert best["peak_bytes_per_device"] <= 0.9 * 80 * 2**30
     assert any("interconnect decides" in n for n in out["notes"])
+
+
+def test_largest_fsdp_unit_counted_from_the_real_modules():
+    """zero3's gathered unit: the largest of each block and the root (the rest), counted on real modules."""
+    transformers = pytest.importorskip("transformers")
+    conf = dict(vocab_size=256, num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**conf))
+    block = sum(p.numel() for p in model.model.layers[0].parameters())
+    root = sum(p.numel() for p in model.parameters()) - 2 * block
+    spec = ",".join(f"{k}={v}" for k, v in conf.items())
+    b = analytic_basis(shape_of("hf:LlamaForCausalLM", spec), precision="fp32", checkpointing="none", seq_len=16)
+    assert b.max_unit_params == max(block, root)

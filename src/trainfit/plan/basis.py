@@ -66,11 +66,13 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
         model_flops_per_sample=3 * fwd, hardware_flops_per_sample=3 * fwd + recompute,
         grad_comm_bytes=n * 4.0, param_comm_bytes=n * float(cb),
         source=f"analytic {shape.family} shape (plan.basis.analytic_basis)", n_param_tensors=shape.n_tensors,
+        max_unit_params=float(max(shape.block_params, n - shape.n_layer * shape.block_params)),
     )
 
 
 def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_per_sample: float,
-                       n_blocks: int, acc_reports: tuple | None = None, n_param_tensors: int = 0) -> Basis:
+                       n_blocks: int, acc_reports: tuple | None = None, n_param_tensors: int = 0,
+                       max_unit_params: float = 0.0) -> Basis:
     """A basis from two memory reports of the same run at micro-batches ``r1.batch < r2.batch``.
 
     Each of activations and temporaries at the peak is fitted as fixed + per-sample x batch;
@@ -115,5 +117,5 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
         grad_comm_bytes=r2.n_params * 4.0, param_comm_bytes=r2.n_params * float(cb),
         source=f"{r2.method} memory reports at micro-batch {r1.batch} and {r2.batch}"
                + (" (and at accumulation 2)" if acc_reports else ""),
-        n_param_tensors=n_param_tensors,
+        n_param_tensors=n_param_tensors, max_unit_params=max_unit_params,
     )

@@ -31,8 +31,8 @@ SHARDING: dict[str, tuple[tuple[str, ...], str]] = {
                               "DDP + ZeroRedundancyOptimizer, so DDP's bucket copy of the gradients stays"),
     "zero2": (("optimizer", "grads"), "ZeRO stage 2: + gradients / n (FSDP2, reshard_after_forward=False keeps "
                                       "the gathered compute copy of the params between forward and backward)"),
-    "zero3": (("optimizer", "grads", "params"), "ZeRO stage 3: + params / n (FSDP2 gathers one block, prefetches "
-                                                "the next)"),
+    "zero3": (("optimizer", "grads", "params"), "ZeRO stage 3: + params / n (FSDP2 gathers a unit at a time; at "
+                                                "the activation peak at most the largest unit is whole)"),
 }
 
 
@@ -77,6 +77,9 @@ class Basis:
     source: str
     n_param_tensors: int = 0
     """Trainable parameter tensors (zero1 broadcasts each per step); 0 when unknown (then not costed)."""
+    max_unit_params: float = 0.0
+    """Parameters of the largest FSDP unit (a block, or the root: what is outside the blocks);
+    0 when unknown (then the mean, n_params / n_blocks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +117,8 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     sharded, _ = SHARDING[c.strategy]
     n = c.n
     params, opt = b.params_bytes, b.optimizer_bytes
-    block_compute = b.n_params / max(b.n_blocks, 1) * b.compute_bytes_per_param
+    unit_params = b.max_unit_params or b.n_params / max(b.n_blocks, 1)
+    unit_compute = unit_params * b.compute_bytes_per_param
     if "optimizer" in sharded:
         opt /= n
 
@@ -137,7 +141,12 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     if c.strategy == "zero2":
         params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
     if c.strategy == "zero3":
-        params = params / n + 2 * block_compute  # the gathered block and the prefetched next one
+        # The peak is where activations peak: the loss at the end of forward / the start of backward.
+        # There FSDP2 (reshard_after_forward=True) has freed every forward unit and re-gathers at most
+        # one (the root for the head's backward, or the last block) -- measured on 2 gloo ranks for GPT
+        # and Llama: the shard plus 0 to 1 unit (benchmarks/results/planner_accuracy_dist*.md); the
+        # planner takes the largest unit, the side that never under-predicts by more than the gap.
+        params = params / n + unit_compute
     a = act_basis or b
     act = a.act_fixed_bytes + a.act_per_sample_bytes * c.micro_batch
     temp = a.temp_fixed_bytes + a.temp_per_sample_bytes * c.micro_batch

@@ -57,10 +57,15 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
 
     with torch.device("meta"):
         meta = task.build_model()
-        n_blocks = len(task.block_names(meta))
+        blocks = task.block_names(meta)
         n_tensors = sum(1 for p in meta.parameters() if p.requires_grad)
+        # FSDP units (strategies/zero.py): each block, then the root holding the rest
+        per_block = [sum(p.numel() for p in meta.get_submodule(name).parameters()) for name in blocks]
+        total = sum(p.numel() for p in meta.parameters())
+        max_unit = max([*per_block, total - sum(per_block)])
     return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
-                              n_blocks=max(n_blocks, 1), acc_reports=(q1, q2), n_param_tensors=n_tensors)
+                              n_blocks=max(len(blocks), 1), acc_reports=(q1, q2), n_param_tensors=n_tensors,
+                              max_unit_params=max_unit)
 
 
 def basis_provider(base_cfg, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
@@ -201,13 +206,22 @@ def _dist_rank(rank: int, world: int, root: str, base: dict, pairs: tuple, point
 
     try:
         pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=world, backend="gloo", timeout_s=300)
+        import torch.distributed as dist
+
         base_cfg = make_config(base)
+
+        def cfg_of(s: str, sync: str, mb: int, acc: int):
+            return make_config({"strategy": s, "grad_sync": sync, "micro_batch": mb, "accumulation": acc},
+                               base=base_cfg)
+
+        # Warm-up: the first steps of a fresh process group run slow (connections, allocator, lazy
+        # imports) -- measured: the first point came out slower than the same strategy at twice the batch.
+        measure_step_s(cfg_of(*pairs[0], *points[-1]), reps=3)
         out = []
         for s, sync in pairs:
             for mb, acc in points:
-                cfg = make_config({"strategy": s, "grad_sync": sync, "micro_batch": mb, "accumulation": acc},
-                                  base=base_cfg)
-                out.append([s, sync, mb, acc, measure_step_s(cfg, reps=reps, statistic="median")])
+                dist.barrier()
+                out.append([s, sync, mb, acc, measure_step_s(cfg_of(s, sync, mb, acc), reps=reps, statistic="median")])
         Path(root, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         os._exit(0)  # skip interpreter teardown of the group (the parent only reads the files)
