@@ -82,20 +82,19 @@ def main() -> None:
     top = rows[0]
     ratio = best["measured_step_s"] / top["measured_step_s"]  # throughput of top / best (same global batch)
     false_fits = [r for r in rows if r["planned_fits"] and not r["ran_under_cap"]]
-    summary = {"command": "python benchmarks/plan_quality.py", "budget_bytes": BUDGET,
-               "top_vs_best_throughput": ratio, "planned_fit_but_oom": len(false_fits), "rows": rows}
-    (out / "plan_quality.json").write_text(json.dumps(summary, indent=1))
+    from _common import write_results
+
     lines = ["| rank | precision | ckpt | mb x acc | planned fits | ran under cap | predicted s | measured s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['rank']} | {r['precision']} | {r['checkpointing']} | {r['micro_batch']} x "
                      f"{r['accumulation']} | {r['planned_fits']} | {r['ran_under_cap']} | "
                      f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} |")
-    (out / "plan_quality.md").write_text(
-        f"# Plan quality (this CPU, one process)\n\nCommand: `python benchmarks/plan_quality.py`; budget "
-        f"{BUDGET:,} bytes, 10% headroom.\n\nTop choice's measured throughput = {ratio:.0%} of the best measured "
-        f"configuration that fits; configurations the planner said fit but went out of memory under the cap: "
-        f"{len(false_fits)}.\n\n" + "\n".join(lines) + "\n")
+    write_results("plan_quality", {"budget_bytes": BUDGET, "top_vs_best_throughput": ratio,
+                                   "planned_fit_but_oom": len(false_fits), "rows": rows},
+                  f"One process, budget {BUDGET:,} bytes, 10% headroom. Top choice's measured throughput = {ratio:.0%} "
+                  f"of the best measured configuration that fits; configurations the planner said fit but went out "
+                  f"of memory under the cap: {len(false_fits)}.\n\n" + "\n".join(lines))
     print(f"top/best throughput {ratio:.2f}; planned-fit-but-OOM {len(false_fits)}")
 
 

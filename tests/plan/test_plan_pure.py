@@ -214,3 +214,20 @@ def test_largest_fsdp_unit_counted_from_the_real_modules():
     spec = ",".join(f"{k}={v}" for k, v in conf.items())
     b = analytic_basis(shape_of("hf:LlamaForCausalLM", spec), precision="fp32", checkpointing="none", seq_len=16)
     assert b.max_unit_params == max(block, root)
+
+
+def test_near_tie_prefers_no_recompute_and_says_so():
+    from trainfit.plan.search import NEAR_TIE, PlanEntry, _prefer_no_recompute
+
+    def entry(ck, step, fits=True, mb=8):
+        return PlanEntry(precision="fp32", micro_batch=mb, accumulation=1, checkpointing=ck, strategy="single",
+                         grad_sync="deferred", peak_bytes_per_device=1, step_s=step, scaling_efficiency=1.0,
+                         fits=fits, reasons=[])
+
+    tie = [entry("full", 1.00), entry("full", 1.01), entry("none", 1.0 + NEAR_TIE * 0.9, mb=4)]
+    note = _prefer_no_recompute(tie)
+    assert tie[0].checkpointing == "none" and "within 5%" in note and "recompute" in note
+    clear = [entry("full", 1.00), entry("none", 1.0 + NEAR_TIE * 1.1)]  # a clear gain keeps checkpointing
+    assert _prefer_no_recompute(clear) == "" and clear[0].checkpointing == "full"
+    unfit = [entry("full", 1.00), entry("none", 1.01, fits=False)]
+    assert _prefer_no_recompute(unfit) == "" and unfit[0].checkpointing == "full"

@@ -170,8 +170,36 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
     # utilisation, which the FLOP model does not see), then less memory.
     entries.sort(key=lambda e: (not e.fits, round(math.log(e.step_s), 3) if e.fits else e.peak_bytes_per_device,
                                 -e.micro_batch, e.peak_bytes_per_device))
+    promoted = _prefer_no_recompute(entries)
     notes = _notes(entries, space)
+    if promoted:
+        notes.append(promoted)
     return PlanResult(entries=entries, excluded=excluded, notes=notes, candidates=len(all_c))
+
+
+NEAR_TIE = 0.05
+"""Predicted step times this close to the fastest count as a tie (the time model's spread on this
+CPU: held-out rows within ~10%, see benchmarks/results/planner_accuracy.md)."""
+
+
+def _prefer_no_recompute(entries: list[PlanEntry]) -> str:
+    """Within a near tie, put first a fitting entry that recomputes nothing.
+
+    Activation checkpointing is a memory lever; its predicted speed gain (a larger micro-batch)
+    is worth its recompute only when it is clearly faster, and recompute is the least certain part
+    of the time model. Returns the note that records the change, or ""."""
+    best = entries[0]
+    if not best.fits or best.checkpointing == "none":
+        return ""
+    for i, e in enumerate(entries[1:], 1):
+        if not e.fits or e.step_s > best.step_s * (1 + NEAR_TIE):
+            break
+        if e.checkpointing == "none":
+            entries.insert(0, entries.pop(i))
+            return (f"ranked first without checkpointing: its predicted {e.step_s:.4g} s/step is within "
+                    f"{NEAR_TIE:.0%} of the fastest ({best.step_s:.4g} s with checkpointing {best.checkpointing}, "
+                    f"micro-batch {best.micro_batch}), and it pays no recompute")
+    return ""
 
 
 def _notes(entries: list[PlanEntry], space: SearchSpace) -> list[str]:
