@@ -27,7 +27,10 @@ class Precision(Protocol):
         """The tensors the optimizer updates (the fp32 master copies where they exist)."""
 
     def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
-        """Context for the forward pass and the loss only, never backward."""
+        """Context for the forward pass and the loss only, never backward. The engine builds it once
+        per optimizer step and enters it once per micro-batch, one after another: it must be
+        re-enterable sequentially (``torch.autocast`` and ``contextlib.nullcontext`` are; a
+        ``@contextmanager`` generator is not)."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of the (scaled, where needed) loss."""
