@@ -168,7 +168,27 @@ def main() -> None:
              f"Median ratio within 25%: {med_ok} of {len(GRID)} rows; single runs: {per_run} of {len(all_ratios)} "
              f"row-runs; rows within 25% in every run: {within} of {len(GRID)}.\n\n" + "\n".join(lines)
              + f"\n\nFitted overhead (run 1, at micro-batch 2, accumulation 1-3): {fits}.\n")
-    write_results(name, {"model": model, "grid": GRID, "runs": runs}, table)
+    write_results(name, {"model": model, "grid": GRID, "runs": runs}, table + f"\nScatter plot: {name}.png.\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for strategy in ("ddp", "zero1", "zero2", "zero3"):
+        pts = [(r["meas_step_s"] * 1e3, r["pred_step_s"] * 1e3) for run in runs for r in run["rows"]
+               if r["strategy"] == strategy]
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], label=strategy, s=18)
+    hi = max(max(r["meas_step_s"], r["pred_step_s"]) for run in runs for r in run["rows"]) * 1e3 * 1.1
+    ax.plot([0, hi], [0, hi], "k--", lw=1, label="predicted = measured")
+    ax.plot([0, hi], [0, hi * 1.25], "k:", lw=0.8, label="+/- 25%")
+    ax.plot([0, hi], [0, hi * 0.75], "k:", lw=0.8)
+    ax.set_xlabel("measured step (ms, median of 15)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title(f"{model['model']}, 2 gloo processes, {args.runs} runs")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(Path(__file__).resolve().parent / "results" / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":
