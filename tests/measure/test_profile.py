@@ -143,3 +143,21 @@ def test_recompute_counts_for_hfu_only_and_sample_tasks_report_samples(one_threa
                   ProfileOptions(steps=2, warmup=1, batch_probe=False, bandwidth_bytes_per_s=1e9))
     assert cnn["tokens_per_s"] is None and cnn["unit"] == "samples"
     assert cnn["samples_per_s"] > 0 and cnn["model_flops_per_step"] > 0 and cnn["mfu"] > 0
+
+
+def test_scale_out_curves_cost_each_collective_call_by_hand():
+    """The profile's scale-out curves pay the calls each strategy really issues (as the planner does)."""
+    from trainfit.measure import scaleout
+
+    run = build_run(make_config({"model": "gpt-tiny", "model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16,
+                                 "accumulation": 1}))
+    n_tensors = sum(1 for p in run.model.parameters() if p.requires_grad)
+    lat = 1e-3
+    sc = scaleout.scaling(run, ProfileOptions(bandwidth_bytes_per_s=1e9, latency_s=lat), 0.01, 0.0)
+    at2 = {s: next(p for p in c["points"] if p["n"] == 2) for s, c in sc["curves"].items()}
+    # on 2 devices: zero1 = ddp's bucket all-reduce + one broadcast (1 ring step) per parameter tensor
+    extra = at2["zero1"]["comm_s"] - at2["ddp"]["comm_s"]
+    assert extra == pytest.approx((at2["zero1"]["comm_bytes"] - at2["ddp"]["comm_bytes"]) / 1e9 + n_tensors * lat)
+    # zero3, accumulation 1: 3 units (2 blocks + root) x (gather in forward + in backward + one scatter)
+    assert at2["zero3"]["comm_s"] == pytest.approx(at2["zero3"]["comm_bytes"] / 1e9 + 3 * 3 * lat)
+    assert sc["calls_per_step"]["zero1"] == 1 + n_tensors + 2

@@ -78,12 +78,21 @@ def scaling(run, opts, compute_s: float, backward_s: float, samples: list[float]
               small_all_reduces=small_all_reduces,
               per_micro_batch=run.cfg.grad_sync == "per-micro-batch")
     samples = samples or [compute_s]
+    # The calls each strategy really issues per step (DDP buckets, ZeroRedundancyOptimizer's
+    # per-parameter broadcasts, FSDP2 per-unit gathers/scatters), as the planner counts them.
+    inner = getattr(run.model, "module", run.model)
+    units = len(run.task.block_names(inner)) + 1
+    calls = {s: comm.collective_calls(s, grad_bytes=grad_bytes, n_param_tensors=len(params), fsdp_units=units,
+                                      accumulation=run.cfg.accumulation,
+                                      per_micro_batch=run.cfg.grad_sync == "per-micro-batch")
+             for s in comm.STRATEGIES}
+    out["calls_per_step"] = {s: c.total() for s, c in calls.items()}
     for s in comm.STRATEGIES:
-        curve = [comm.predict(s, n=n, straggler_s=max(0.0, comm.slowest_of(samples, n) - compute_s), **kw)
-                 for n in NS]
+        curve = [comm.predict(s, n=n, straggler_s=max(0.0, comm.slowest_of(samples, n) - compute_s), calls=calls[s],
+                              **kw) for n in NS]
         points = [{k: v for k, v in p.to_dict().items() if k != "source"} for p in curve]
         out["curves"][s] = {"formula": comm.TRAFFIC[s].formula, "source": comm.TRAFFIC[s].source, "points": points}
-    out["comm_dominates_beyond"] = comm.comm_dominates_beyond(strategy, **kw)
+    out["comm_dominates_beyond"] = comm.comm_dominates_beyond(strategy, calls=calls[strategy], **kw)
     return out
 
 

@@ -301,7 +301,7 @@ def slowest_of(samples: list[float], n: int) -> float:
 def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandwidth_bytes_per_s: float,
             latency_s: float = 0.0, backward_s: float = 0.0, overlap: float = 0.0, straggler_s: float = 0.0,
             small_all_reduces: int = 0, param_bytes: float | None = None, accumulation: int = 1,
-            per_micro_batch: bool = False) -> ScalePoint:
+            per_micro_batch: bool = False, calls: Calls | None = None) -> ScalePoint:
     """Predicted step time, speed-up and efficiency on ``n`` devices (weak scaling).
 
     Args:
@@ -313,6 +313,8 @@ def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandw
             (e.g. ``slowest_of(samples, n) - median(samples)``); 0 assumes identical steps.
         small_all_reduces: latency-bound all-reduces of a few bytes per step (token count, loss,
             overflow flag), each 2(n-1) x ``latency_s``, never hidden behind compute.
+        calls: the step's real collective calls (:func:`collective_calls`), each paying its ring
+            steps of latency; without it one call per collective of the strategy's TRAFFIC row.
     """
     if not compute_s > 0:
         raise ValueError(f"compute_s={compute_s!r}: must be > 0 (a measured step time)")
@@ -323,7 +325,7 @@ def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandw
     kw = dict(grad_bytes=grad_bytes, param_bytes=param_bytes, accumulation=accumulation, per_micro_batch=per_micro_batch)
     sent = bytes_per_step(strategy, n=n, **kw)
     comm = 0.0 if n == 1 else comm_seconds(strategy, n=n, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                                           latency_s=latency_s, **kw)
+                                           latency_s=latency_s, calls=calls, **kw)
     small = 0.0 if n == 1 else small_all_reduces * 2 * (n - 1) * latency_s
     exposed = max(0.0, comm - overlap * backward_s) + small
     comm += small
