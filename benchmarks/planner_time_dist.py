@@ -33,12 +33,17 @@ MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "
 MODELS = {"gpt-tiny": MODEL,
           "llama": {"model": "hf:LlamaForCausalLM", "model_config": "vocab_size=256,num_hidden_layers=2,hidden_size=64,"
                     "num_attention_heads=4,num_key_value_heads=2,intermediate_size=128", "seq_len": 64}}
-GRID = [("ddp", 4, 1, "deferred"), ("ddp", 4, 2, "deferred"), ("ddp", 6, 3, "deferred"),
-        ("zero1", 4, 1, "deferred"), ("zero1", 4, 2, "deferred"),
-        ("zero2", 4, 1, "deferred"), ("zero2", 4, 2, "per-micro-batch"), ("zero2", 6, 3, "deferred"),
-        ("zero3", 4, 1, "deferred"), ("zero3", 4, 2, "per-micro-batch"), ("zero3", 6, 3, "deferred")]
+GRID = [(s, mb, acc, sync, "fp32", "none") for s, mb, acc, sync in (
+    ("ddp", 4, 1, "deferred"), ("ddp", 4, 2, "deferred"), ("ddp", 6, 3, "deferred"),
+    ("zero1", 4, 1, "deferred"), ("zero1", 4, 2, "deferred"),
+    ("zero2", 4, 1, "deferred"), ("zero2", 4, 2, "per-micro-batch"), ("zero2", 6, 3, "deferred"),
+    ("zero3", 4, 1, "deferred"), ("zero3", 4, 2, "per-micro-batch"), ("zero3", 6, 3, "deferred"))] + [
+    ("ddp", 4, 2, "deferred", "bf16-mixed", "none"), ("zero1", 4, 1, "deferred", "bf16-mixed", "full"),
+    ("zero2", 4, 2, "per-micro-batch", "bf16-mixed", "none"), ("zero3", 4, 1, "deferred", "fp32", "full"),
+    ("zero3", 6, 3, "deferred", "bf16-mixed", "full")]
 """Held out: the distributed overhead is fitted at micro-batch 2 (plan.sources.DIST_POINTS) and
-predicted here at 4 and 6, with accumulations 1-3."""
+predicted here at 4 and 6, with accumulations 1-3; it is fitted in fp32 without checkpointing, and
+the last five rows test it on other precisions and checkpointing (as the planner applies it)."""
 
 
 def rank_main(rank: int, root: str, model: dict) -> None:
@@ -78,11 +83,12 @@ def rank_main(rank: int, root: str, model: dict) -> None:
     tiny_s = {"all_reduce": tiny(lambda: dist.all_reduce(one)),
               "all_gather": tiny(lambda: dist.all_gather_into_tensor(two, one)),
               "broadcast": tiny(lambda: dist.broadcast(one, src=0))}
-    s0, mb0, acc0, sync0 = GRID[0]  # warm-up, as the calibration does (a fresh group's first steps run slow)
+    s0, mb0, acc0, sync0, _, _ = GRID[0]  # warm-up, as the calibration does (a fresh group's first steps run slow)
     measure_step_s(make_config({**model, "strategy": s0, "micro_batch": mb0, "accumulation": acc0, "grad_sync": sync0}),
                    reps=3)
     steps = [measure_step_s(make_config({**model, "strategy": s, "micro_batch": mb, "accumulation": acc,
-                                         "grad_sync": sync}), reps=15, statistic="median") for s, mb, acc, sync in GRID]
+                                         "grad_sync": sync, "precision": p, "checkpointing": ck}), reps=15, statistic="median")
+             for s, mb, acc, sync, p, ck in GRID]
     Path(root, f"rank{rank}.json").write_text(json.dumps({"all_reduce_s": min(times), "grad_bytes": 4 * n,
                                                           "tiny_s": tiny_s, "steps": steps}))
     os._exit(0)
@@ -125,19 +131,21 @@ def main() -> None:
         bw = meas["grad_bytes"] / meas["all_reduce_s"]  # a 2-rank ring all-reduce of B bytes sends B
         latency = meas["tiny_s"]["all_reduce"] / 2  # one-element all-reduce = 2(n-1) = 2 ring steps
         plain = links_provider(device_row("cpu"), nodes=1, devices=2, intra=bw, inter=None, latency_s=latency)
-        links = calibrated_links(base, plain, basis)("fp32", "none")
+        calibrated = calibrated_links(base, plain, basis)
         fit_points = measure_dist_steps(base, world=2)
-        links = dataclasses.replace(links, dist_overhead=fit_dist_overhead(b, links, n=2, measured=fit_points))
+        fitted = fit_dist_overhead(b, calibrated("fp32", "none"), n=2, measured=fit_points)
         rows = []
-        for (s, mb, acc, sync), measured in zip(GRID, meas["steps"]):
-            c = Candidate(precision="fp32", micro_batch=mb, accumulation=acc, checkpointing="none", strategy=s,
+        for (s, mb, acc, sync, p, ck), measured in zip(GRID, meas["steps"]):
+            c = Candidate(precision=p, micro_batch=mb, accumulation=acc, checkpointing=ck, strategy=s,
                           grad_sync=sync, n=2)
-            t = step_time(b, c, links)
-            bare = step_time(b, c, dataclasses.replace(links, dist_overhead=()))
+            links = dataclasses.replace(calibrated(p, ck), dist_overhead=fitted)  # as plan --calibrate applies it
+            t = step_time(basis(p, ck), c, links)
+            bare = step_time(basis(p, ck), c, dataclasses.replace(links, dist_overhead=()))
             calls = comm.collective_calls(s, grad_bytes=b.grad_comm_bytes, n_param_tensors=b.n_param_tensors,
                                           fsdp_units=b.n_blocks + 1, accumulation=acc,
                                           per_micro_batch=sync == "per-micro-batch")
-            rows.append({"strategy": s, "micro_batch": mb, "accumulation": acc, "grad_sync": sync,
+            rows.append({"strategy": s, "micro_batch": mb, "accumulation": acc, "grad_sync": sync, "precision": p,
+                         "checkpointing": ck,
                          "calls": calls.total(), "pred_compute_s": t.compute_s, "pred_comm_s": t.comm_s,
                          "pred_overhead_s": t.overhead_s, "pred_step_s": t.step_s, "pred_without_overhead_s": bare.step_s,
                          "meas_step_s": measured, "ratio": t.step_s / measured,
@@ -145,17 +153,17 @@ def main() -> None:
             print(run, json.dumps(rows[-1]), flush=True)
         runs.append({"loopback_bytes_per_s": bw, "latency_per_ring_step_s": latency, "tiny_collective_s": meas["tiny_s"],
                      "fit_points": [[*k, v] for k, v in fit_points.items()],
-                     "dist_overhead": [list(r) for r in links.dist_overhead], "rows": rows})
-    lines = ["| strategy | mb x acc | sync | calls/step | predicted compute s | comm s | overhead s | predicted step s | "
+                     "dist_overhead": [list(r) for r in fitted], "rows": rows})
+    lines = ["| strategy | precision | ckpt | mb x acc | sync | calls/step | predicted compute s | comm s | overhead s | predicted step s | "
              "measured step s (median) | predicted/measured: median (min-max over runs) | without the overhead term |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     within = 0
     for i, r in enumerate(runs[0]["rows"]):
         ratios = [run["rows"][i]["ratio"] for run in runs]
         bare = [run["rows"][i]["ratio_without_overhead"] for run in runs]
         med = lambda key: statistics.median(run["rows"][i][key] for run in runs)  # noqa: E731
         within += all(0.75 <= x <= 1.25 for x in ratios)
-        lines.append(f"| {r['strategy']} | {r['micro_batch']} x {r['accumulation']} | {r['grad_sync']} | {r['calls']} | "
+        lines.append(f"| {r['strategy']} | {r['precision']} | {r['checkpointing']} | {r['micro_batch']} x {r['accumulation']} | {r['grad_sync']} | {r['calls']} | "
                      f"{med('pred_compute_s'):.4f} | {med('pred_comm_s'):.4f} | {med('pred_overhead_s'):.4f} | "
                      f"{med('pred_step_s'):.4f} | {med('meas_step_s'):.4f} | {statistics.median(ratios):.2f} "
                      f"({min(ratios):.2f}-{max(ratios):.2f}) | {statistics.median(bare):.2f} |")
