@@ -122,3 +122,15 @@ def test_dist_calibration_measures_on_two_gloo_processes():
     links = links_provider(device_row("cpu"), nodes=1, devices=2, intra=1e9, inter=None)("fp32")
     rows = fit_dist_overhead(basis("fp32", "none"), links, n=2, measured=measured)
     assert [r[:2] for r in rows] == [("ddp", "deferred"), ("zero3", "deferred")]
+
+
+@pytest.mark.distributed
+def test_plan_calibrate_on_several_cpu_devices_prices_the_measured_overhead(capsys):
+    args = ["plan", "--model", "gpt-tiny", "--model-config", "n_layer=1,d_model=32,n_head=2", "--global-batch", "8",
+            "--seq", "16", "--device-memory", "1GiB", "--devices", "2", "--device", "cpu", "--strategies", "ddp",
+            "--precisions", "fp32", "--checkpointings", "none", "--calibrate", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    note = next(n for n in out["notes"] if n.startswith("distributed overhead measured on 2 gloo processes"))
+    assert "ddp/deferred" in note and "zero" not in note  # only the strategies asked for are measured
+    assert out["plans"] and all(e["strategy"] == "ddp" and e["step_s"] > 0 for e in out["plans"])

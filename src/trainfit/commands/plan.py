@@ -117,6 +117,10 @@ def make_plan(args):
         if devices > 1:
             # gloo ranks on one CPU pay more than link time: FSDP2's per-unit work, each collective's
             # wait for its peer. Measured on 2 processes here and fitted per (strategy, grad_sync).
+            import sys
+
+            print("plan: measuring the distributed overhead on 2 gloo processes (about a minute) ...",
+                  file=sys.stderr, flush=True)
             links, dist_rows = with_dist_overhead(links, base, basis, world=2,
                                                   strategies=subsets.get("strategies"))
     result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
