@@ -16,16 +16,21 @@ Keys are parameter names (the unwrapped model's), never positions or ranks, so a
 loads into any world size and any strategy: DCP reshards each tensor on load (zero3 on 2
 ranks -> single on 1, ddp -> zero2, ...). What is stored: model weights, the optimizer
 state of every parameter (under ``zero1`` each rank writes the partition it owns), and the
-fp32 master weights of ``*-true`` precisions. The torch RNG is not stored: trainfit's
-models have no dropout by default and the data order depends only on the step.
+fp32 master weights of ``*-true`` precisions, and each rank's torch RNG state (``rng/rankN.pt``,
+CPU and, on a GPU, the current device's), restored when the checkpoint is resumed on the same
+number of ranks -- so dropout continues the same streams. On another world size the streams
+cannot be mapped; the resume says so (a warning) and continues with fresh ones. The data order
+depends only on the step.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -137,6 +142,8 @@ def save(run, step: int) -> Path:
     _materialise_optimizer_state(run.optimizer)
     state, precision = _state(run)
     dcp.save(state, checkpoint_id=str(tmp))
+    _save_rng(tmp, run)
+    _barrier()  # every rank's RNG file is in place before rank 0 renames the directory
     if _rank() == 0:
         meta = {"format": FORMAT, "step": step, "config": run.cfg.to_dict(), "world_size": _world(),
                 "strategy": run.strategy.name, "precision": precision}
@@ -188,7 +195,47 @@ def load(run, path: Path) -> int:
         run.precision.load_state_dict(precision)
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {str(e).splitlines()[0]}") from None
+    _load_rng(path, run, saved_world=int(meta["world_size"]))
     return int(meta["step"])
+
+
+def _device_of(run) -> torch.device:
+    return getattr(run.strategy, "device", torch.device("cpu"))
+
+
+def _save_rng(directory: Path, run) -> None:
+    """This rank's RNG state into ``directory/rng/rank{r}.pt`` (plain tensors: loads with weights_only)."""
+    rng = {"torch": torch.get_rng_state()}
+    device = _device_of(run)
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    (directory / "rng").mkdir(exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(rng, buf)
+    atomic_write_bytes(directory / "rng" / f"rank{_rank()}.pt", buf.getvalue())
+
+
+def _load_rng(path: Path, run, *, saved_world: int) -> None:
+    if saved_world != _world():
+        if _rank() == 0:
+            warnings.warn(f"checkpoint {path.name} was written by {saved_world} ranks, this run has {_world()}: "
+                          "the torch RNG streams cannot be mapped between world sizes and start fresh "
+                          "(dropout masks will differ from an uninterrupted run; weights and optimizer state "
+                          "are restored exactly)", stacklevel=2)
+        return
+    file = path / "rng" / f"rank{_rank()}.pt"
+    if not file.exists():  # written before RNG was stored
+        if _rank() == 0:
+            warnings.warn(f"checkpoint {path.name} holds no RNG state (an older trainfit): the torch RNG "
+                          "streams start fresh", stacklevel=2)
+        return
+    try:
+        rng = torch.load(file, weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and _device_of(run).type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], _device_of(run))
+    except Exception as e:  # noqa: BLE001 - any unreadable file is one clear message
+        raise CheckpointError(f"checkpoint {path}: unreadable RNG state {file.name} ({type(e).__name__})") from None
 
 
 def resume_sharded(run, run_dir: str | Path) -> int | None:
