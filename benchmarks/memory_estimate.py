@@ -41,6 +41,15 @@ LLAMA = {
 SMALL = [  # (label, model, model_config, seq, batch)
     ("gpt-tiny (3.3M)", "gpt-tiny", "", 64, 8),
     ("gpt 4.9M (6 layers, d_model 256)", "gpt-tiny", "n_layer=6,d_model=256,n_head=4", 128, 8),
+    ("hf Llama (4 layers, hidden 256)", "hf:LlamaForCausalLM", "vocab_size=1024,num_hidden_layers=4,hidden_size=256,"
+     "num_attention_heads=4,num_key_value_heads=2,intermediate_size=688,max_position_embeddings=128", 128, 8),
+    ("hf BERT masked LM (4 layers, hidden 256)", "hf:BertForMaskedLM", "vocab_size=1024,num_hidden_layers=4,"
+     "hidden_size=256,num_attention_heads=4,intermediate_size=1024,max_position_embeddings=128", 128, 8),
+    ("hf T5 (2+2 layers, d_model 256)", "hf:T5ForConditionalGeneration", "vocab_size=1024,d_model=256,d_ff=1024,"
+     "num_layers=2,num_decoder_layers=2,num_heads=4,d_kv=64", 128, 8),
+    ("hf ViT (4 layers, hidden 256, 32x32 images)", "hf:ViTForImageClassification", "hidden_size=256,"
+     "intermediate_size=1024,num_hidden_layers=4,num_attention_heads=4,image_size=32,patch_size=4,num_labels=10", 64, 8),
+    ("cnn (BatchNorm)", "cnn", "", 64, 8),
 ]
 GIB = 2**30
 
