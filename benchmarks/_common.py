@@ -34,3 +34,27 @@ def write_results(name: str, data: dict, table_md: str) -> None:
     header = (f"# {name}\n\nCommand: `{meta['command']}`  \nMachine: {meta['cpu_count']} CPUs, {meta['platform']}, "
               f"Python {meta['python']}, torch {meta['torch']}, {meta['date']}\n\n")
     (RESULTS / f"{name}.md").write_text(header + table_md + "\n")
+
+
+def spawn_ranks(target, *args, world: int = 2, timeout_s: float = 1800) -> Path:
+    """Run ``target(rank, root, *args)`` in ``world`` spawned processes; return ``root`` (a fresh temp
+    folder the ranks write ``rank{r}.json`` into). A rank's traceback, if it wrote ``rank{r}.err``,
+    stops the benchmark with it."""
+    import multiprocessing
+    import tempfile
+
+    root = tempfile.mkdtemp()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, root, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    for r in range(world):
+        err = Path(root, f"rank{r}.err")
+        if err.exists():
+            raise SystemExit(f"rank {r} failed:\n" + err.read_text())
+    missing = [r for r in range(world) if not Path(root, f"rank{r}.json").exists()]
+    if missing:
+        raise SystemExit(f"ranks {missing} wrote no results (exit codes {[p.exitcode for p in procs]})")
+    return Path(root)

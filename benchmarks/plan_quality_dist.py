@@ -17,9 +17,7 @@ configuration the planner says fits went out of memory. Writes plan_quality_dist
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import tempfile
 from pathlib import Path
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
@@ -73,7 +71,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from _common import write_results
+    from _common import spawn_ranks, write_results
 
     from trainfit.config import make_config
     from trainfit.measure.hardware import measure_loopback
@@ -95,16 +93,7 @@ def main() -> None:
     entries = [{"rank": i, "strategy": e.strategy, "grad_sync": e.grad_sync, "micro_batch": e.micro_batch,
                 "accumulation": e.accumulation, "planned_fits": e.fits, "predicted_peak_bytes": e.peak_bytes_per_device,
                 "predicted_step_s": e.step_s} for i, e in enumerate(result.entries, 1)]
-    root = tempfile.mkdtemp()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, root, entries, int(space.budget_bytes))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(1800)
-    for r in range(2):
-        if Path(root, f"rank{r}.err").exists():
-            raise SystemExit(f"rank {r} failed:\n" + Path(root, f"rank{r}.err").read_text())
+    root = spawn_ranks(rank_main, entries, int(space.budget_bytes))
     measured = json.loads(Path(root, "rank0.json").read_text())
     rows = [{**e, **m} for e, m in zip(entries, measured)]
     for r in rows:

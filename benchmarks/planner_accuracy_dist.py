@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import tempfile
 from pathlib import Path
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
@@ -59,13 +57,9 @@ def main() -> None:
         model["model_config"] = args.model_config
     name = "planner_accuracy_dist" + (f"_{args.tag}" if args.tag else "")
     out.mkdir(parents=True, exist_ok=True)
-    root = tempfile.mkdtemp()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, root, model)) for r in range(2)]
-    for pr in procs:
-        pr.start()
-    for pr in procs:
-        pr.join(1800)
+    from _common import spawn_ranks
+
+    root = spawn_ranks(rank_main, model)
     measured = [json.loads(Path(root, f"rank{r}.json").read_text()) for r in range(2)]
     Path(out / f"{name}_measured.json").write_text(json.dumps(measured))
 

@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -104,7 +102,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from _common import write_results
+    from _common import spawn_ranks, write_results
 
     from trainfit.config import make_config
     from trainfit.plan import comm
@@ -118,13 +116,7 @@ def main() -> None:
     runs = []
     for run in range(args.runs):
         # 1. the ranks: link bandwidth/latency and the held-out grid (measurement)
-        root = tempfile.mkdtemp()
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=rank_main, args=(r, root, model)) for r in range(2)]
-        for pr in procs:
-            pr.start()
-        for pr in procs:
-            pr.join(1800)
+        root = spawn_ranks(rank_main, model)
         meas = json.loads(Path(root, "rank0.json").read_text())
         # 2. the planner's calibration: one-process compute, then the distributed overhead fitted
         # at micro-batch 2, accumulation 1-3 (plan.sources.DIST_POINTS), in separate processes
