@@ -97,6 +97,7 @@ def make_plan(args):
     base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
     basis, used = basis_provider(base, source=args.basis)
     latency_s = 0.0
+    threads_before = None
     intra = _rate("bandwidth-intra", args.bandwidth_intra)
     if row.peak_row is None and args.calibrate and devices > 1:
         # Per-collective-call latency on CPU: gloo's path between ranks on one host is TCP loopback;
@@ -112,18 +113,30 @@ def make_plan(args):
             raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
         from trainfit.plan.sources import calibrated_links, with_dist_overhead
 
+        if devices > 1:
+            # Ranks sharing this CPU run one torch thread each (torchrun sets OMP_NUM_THREADS=1 for
+            # several processes per host): fit the compute at that, not at the whole machine's threads.
+            # calibrated_links measures lazily during the search; the setting is restored after it.
+            import torch
+
+            threads_before = torch.get_num_threads()
+            torch.set_num_threads(1)
         links = calibrated_links(base, links, basis)
         dist_rows = ()
         if devices > 1:
             # gloo ranks on one CPU pay more than link time: FSDP2's per-unit work, each collective's
             # wait for its peer. Measured on 2 processes here and fitted per (strategy, grad_sync).
-            import sys
-
             print("plan: measuring the distributed overhead on 2 gloo processes (about a minute) ...",
                   file=sys.stderr, flush=True)
             links, dist_rows = with_dist_overhead(links, base, basis, world=2,
                                                   strategies=subsets.get("strategies"))
-    result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    try:
+        result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    finally:
+        if threads_before is not None:
+            import torch
+
+            torch.set_num_threads(threads_before)
     if row.peak_row is None and args.calibrate and devices > 1:
         fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
                            for s, sync, ps, pm in dist_rows)
