@@ -129,7 +129,11 @@ def test_plan_calibrate_on_several_cpu_devices_prices_the_measured_overhead(caps
     args = ["plan", "--model", "gpt-tiny", "--model-config", "n_layer=1,d_model=32,n_head=2", "--global-batch", "8",
             "--seq", "16", "--device-memory", "1GiB", "--devices", "2", "--device", "cpu", "--strategies", "ddp",
             "--precisions", "fp32", "--checkpointings", "none", "--calibrate", "--json"]
+    import torch
+
+    threads = torch.get_num_threads()
     assert main(args) == 0
+    assert torch.get_num_threads() == threads  # calibrated at one thread per rank, then restored
     out = json.loads(capsys.readouterr().out)
     note = next(n for n in out["notes"] if n.startswith("distributed overhead measured on 2 gloo processes"))
     assert "ddp/deferred" in note and "zero" not in note  # only the strategies asked for are measured
