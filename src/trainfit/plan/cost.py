@@ -243,6 +243,10 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
                 scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead)
 
 
+PER_STEP_ONLY = ("ddp", "zero1")
+"""Strategies whose deferred-sync overhead :func:`fit_dist_overhead` fits per step only."""
+
+
 def fit_dist_overhead(b: Basis, links: Links, *, n: int, measured: dict[tuple[str, str, int, int], float],
                       precision: str = "fp32") -> tuple[tuple[str, str, float, float], ...]:
     """``Links.dist_overhead`` rows from measured multi-device steps.
@@ -250,7 +254,11 @@ def fit_dist_overhead(b: Basis, links: Links, *, n: int, measured: dict[tuple[st
     ``measured`` maps ``(strategy, grad_sync, micro_batch, accumulation)`` to a measured step (s) on
     ``n`` devices; for each (strategy, grad_sync) two accumulations or more at one micro-batch.
     The residual (measured minus this model's step without the term) is fitted as
-    ``per_step + per_micro_batch x accumulation`` by least squares over the accumulations."""
+    ``per_step + per_micro_batch x accumulation`` by least squares over the accumulations -- for
+    FSDP2 (zero2/zero3), which gathers every unit again in every micro-batch. DDP and zero1 with
+    deferred sync do nothing distributed before the last micro-batch (``no_sync``), so their
+    overhead is fitted per step only (the mean residual): a free slope there fits noise (measured
+    fits gave -1 to -3 ms per micro-batch) and extrapolates it to larger accumulations."""
     groups: dict[tuple[str, str], dict[int, tuple[int, float]]] = {}
     for (s, sync, mb, acc), t in measured.items():
         c = Candidate(precision=precision, micro_batch=mb, accumulation=acc, checkpointing="none", strategy=s,
@@ -265,6 +273,9 @@ def fit_dist_overhead(b: Basis, links: Links, *, n: int, measured: dict[tuple[st
         xs = sorted(by_acc)
         ys = [by_acc[a][1] for a in xs]
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        if s in PER_STEP_ONLY and sync == "deferred":
+            rows.append((s, sync, my, 0.0))
+            continue
         per_mb = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         rows.append((s, sync, my - per_mb * mx, per_mb))
     return tuple(rows)
