@@ -37,24 +37,16 @@ def write_results(name: str, data: dict, table_md: str) -> None:
 
 
 def spawn_ranks(target, *args, world: int = 2, timeout_s: float = 1800) -> Path:
-    """Run ``target(rank, root, *args)`` in ``world`` spawned processes; return ``root`` (a fresh temp
-    folder the ranks write ``rank{r}.json`` into). A rank's traceback, if it wrote ``rank{r}.err``,
-    stops the benchmark with it."""
-    import multiprocessing
+    """Run ``target(rank, root, *args)`` in ``world`` gloo processes (``trainfit.strategies.launch.spawn_local``:
+    file rendezvous, loopback, one torch thread each); return ``root``, a fresh temp folder the ranks
+    write ``rank{r}.json`` into. A failed rank stops the benchmark with its traceback."""
     import tempfile
 
-    root = tempfile.mkdtemp()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=target, args=(r, root, *args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout_s)
-    for r in range(world):
-        err = Path(root, f"rank{r}.err")
-        if err.exists():
-            raise SystemExit(f"rank {r} failed:\n" + err.read_text())
-    missing = [r for r in range(world) if not Path(root, f"rank{r}.json").exists()]
-    if missing:
-        raise SystemExit(f"ranks {missing} wrote no results (exit codes {[p.exitcode for p in procs]})")
-    return Path(root)
+    from trainfit.strategies.launch import spawn_errors, spawn_local
+
+    root = Path(tempfile.mkdtemp())
+    codes = spawn_local(target, root, *args, world_size=world, timeout_s=timeout_s, collective_timeout_s=300)
+    missing = [r for r in range(world) if not (root / f"rank{r}.json").exists()]
+    if codes != [0] * world or missing:
+        raise SystemExit(f"ranks exited {codes}, no results from ranks {missing}\n{spawn_errors(root)}".rstrip())
+    return root

@@ -1,6 +1,6 @@
 """Plan quality on this CPU: does the planner's top choice run near the best measured configuration?
 
-    .venv/bin/python benchmarks/plan_quality.py [--out benchmarks/results]
+    .venv/bin/python benchmarks/plan_quality.py
 
 A search space small enough to measure exhaustively (gpt-tiny, global batch 8, one process,
 fp32/bf16-mixed x no/full checkpointing x micro-batch 1/2/4/8, a memory budget that excludes
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -54,10 +53,7 @@ def runs_under_cap(cfg, cap: int) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    out = Path(ap.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
     torch.set_num_threads(1)
     base = make_config(MODEL)
     space = SearchSpace(global_batch=8, devices=1, memory_bytes=BUDGET, precisions=("fp32", "bf16-mixed"),

@@ -16,8 +16,8 @@ configuration the planner says fits went out of memory. Writes plan_quality_dist
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 from pathlib import Path
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
@@ -25,29 +25,15 @@ GLOBAL_BATCH = 8
 BUDGET = 4_300_000  # bytes per device; with 10% headroom the larger unsharded micro-batches do not fit
 
 
-def rank_main(rank: int, root: str, entries: list, cap: int) -> None:
-    try:
-        _rank_main(rank, root, entries, cap)
-    except BaseException:
-        import traceback
-
-        Path(root, f"rank{rank}.err").write_text(traceback.format_exc())
-    os._exit(0)
-
-
-def _rank_main(rank: int, root: str, entries: list, cap: int) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def rank_main(rank: int, root: Path, entries: list, cap: int) -> None:
+    """Inside each of the 2 ranks (``_common.spawn_ranks``)."""
     import torch
     import torch.distributed as dist
-
-    torch.set_num_threads(1)
     from plan_quality import runs_under_cap
 
     from trainfit.config import make_config
     from trainfit.plan.sources import measure_step_s
-    from trainfit.strategies import process_group as pg
 
-    pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=2, timeout_s=300)
     base = make_config(MODEL)
     out = []
     first = True
@@ -68,6 +54,7 @@ def _rank_main(rank: int, root: str, entries: list, cap: int) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
     import torch
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Planner accuracy on this CPU: predicted vs measured peak memory and step time over a small grid.
 
-    .venv/bin/python benchmarks/planner_accuracy.py [--out benchmarks/results]
+    .venv/bin/python benchmarks/planner_accuracy.py
 
 Memory: the planner's basis per (precision, checkpointing) comes from memory reports at
 micro-batches 2 and 4 (``plan.sources.report_basis``, measured: the estimator is used
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -46,10 +45,7 @@ GRID = [(p, ck, mb, acc) for p in ("fp32", "bf16-mixed") for ck in ("none", "ful
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
-    out = Path(ap.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
     torch.set_num_threads(1)
     rows = []
     for spec in MODELS:
@@ -76,7 +72,7 @@ def main() -> None:
                          "mem_err": pred_mem / meas_mem - 1, "pred_step_s": pred_t, "meas_step_s": meas_t,
                          "time_err": pred_t / meas_t - 1, "basis": b.source})
             print(json.dumps(rows[-1]), flush=True)
-    from _common import write_results
+    from _common import RESULTS, write_results
 
     lines = ["| model | precision | ckpt | mb x acc | predicted peak | measured peak | error | predicted step s | "
              "measured step s | error |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -109,7 +105,7 @@ def main() -> None:
         ax.set_title("peak memory" if unit == "MB" else "step time")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "planner_accuracy.png", dpi=120)
+    fig.savefig(RESULTS / "planner_accuracy.png", dpi=120)
 
 
 if __name__ == "__main__":

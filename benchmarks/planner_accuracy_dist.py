@@ -1,6 +1,6 @@
 """Planner accuracy on 2 gloo processes: predicted vs measured per-rank peak memory per strategy.
 
-    .venv/bin/python benchmarks/planner_accuracy_dist.py [--out benchmarks/results]
+    .venv/bin/python benchmarks/planner_accuracy_dist.py [--model llama] [--model-config ... --tag T]
 
 The prediction comes from the single-device basis (``plan.sources.report_basis``, estimated at
 micro-batches 2 and 4, accumulation 1 and 2) scaled by ``plan.cost.memory`` for each strategy
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 MODEL = {"model": "gpt-tiny", "model_config": "n_layer=2,d_model=64,n_head=2", "seq_len": 64}
@@ -24,44 +23,35 @@ GRID = [(s, p, mb, acc, sync) for s in ("ddp", "zero1", "zero2", "zero3") for p 
         if sync == "deferred" or s in ("zero2", "zero3")]
 
 
-def rank_main(rank: int, root: str, model: dict) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    import torch
-
-    torch.set_num_threads(1)
+def rank_main(rank: int, root: Path, model: dict) -> None:
+    """Inside each of the 2 ranks (``_common.spawn_ranks``)."""
     from trainfit.config import make_config
     from trainfit.measure.memory import measure_memory
-    from trainfit.strategies import process_group as pg
 
-    pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=2, timeout_s=120)
     out = []
     for s, p, mb, acc, sync in GRID:
         cfg = make_config({**model, "strategy": s, "precision": p, "micro_batch": mb, "accumulation": acc,
                            "grad_sync": sync})
         out.append(measure_memory(cfg).peak_bytes)
     Path(root, f"rank{rank}.json").write_text(json.dumps(out))
-    os._exit(0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--model", choices=sorted(MODELS), default="gpt-tiny")
     ap.add_argument("--model-config", default=None,
                     help="held-out shapes: the strategy rules of plan.cost were read off gpt-tiny's default one")
     ap.add_argument("--tag", default="", help="suffix of the result files")
     args = ap.parse_args()
-    out = Path(args.out)
     model = dict(MODELS[args.model])
     if args.model_config:
         model["model_config"] = args.model_config
     name = "planner_accuracy_dist" + (f"_{args.tag}" if args.tag else "")
-    out.mkdir(parents=True, exist_ok=True)
-    from _common import spawn_ranks
+    from _common import RESULTS, spawn_ranks
 
     root = spawn_ranks(rank_main, model)
     measured = [json.loads(Path(root, f"rank{r}.json").read_text()) for r in range(2)]
-    Path(out / f"{name}_measured.json").write_text(json.dumps(measured))
+    (RESULTS / f"{name}_measured.json").write_text(json.dumps(measured))
 
     from trainfit.config import make_config
     from trainfit.plan.cost import Candidate, activation_precision, memory

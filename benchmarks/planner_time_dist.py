@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -44,18 +43,15 @@ predicted here at 4 and 6, with accumulations 1-3; it is fitted in fp32 without 
 the last five rows test it on other precisions and checkpointing (as the planner applies it)."""
 
 
-def rank_main(rank: int, root: str, model: dict) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def rank_main(rank: int, root: Path, model: dict) -> None:
+    """Inside each of the 2 ranks (``_common.spawn_ranks``)."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
     from trainfit.config import make_config
     from trainfit.plan.sources import measure_step_s
-    from trainfit.strategies import process_group as pg
     from trainfit.tasks import make_task
 
-    pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=2, timeout_s=300)
     task = make_task(model["model"], model_config=model["model_config"], seq_len=model["seq_len"])
     n = sum(p.numel() for p in task.build_model().parameters())
     buf = torch.zeros(n)
@@ -89,7 +85,6 @@ def rank_main(rank: int, root: str, model: dict) -> None:
              for s, mb, acc, sync, p, ck in GRID]
     Path(root, f"rank{rank}.json").write_text(json.dumps({"all_reduce_s": min(times), "grad_bytes": 4 * n,
                                                           "tiny_s": tiny_s, "steps": steps}))
-    os._exit(0)
 
 
 def main() -> None:

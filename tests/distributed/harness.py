@@ -4,15 +4,13 @@ and the plain-PyTorch reference the distributed results are compared against."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import socket
-import time
-import traceback
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
+
+from trainfit.strategies.launch import spawn_errors, spawn_local
 
 TINY = "n_layer=2,d_model=64,n_head=2"
 BASE = {"model_config": TINY, "seq_len": 16, "micro_batch": 2, "accumulation": 2, "dataset_size": 64,
@@ -25,38 +23,13 @@ noise on gradients that are zero in exact arithmetic (the attention key bias) in
 ADAMW = {"optimizer": "adamw", "lr": 3e-3}
 
 
-def _entry(fn, rank: int, world_size: int, root: str, args: tuple) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    try:
-        from trainfit.strategies import process_group as pg
-
-        pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=world_size, timeout_s=60)
-        fn(rank, Path(root), *args)
-    except BaseException:
-        Path(root, f"error-rank{rank}.txt").write_text(traceback.format_exc())
-        os._exit(1)
-    os._exit(0)  # skip interpreter teardown (and destroy_process_group's barrier with a dead peer)
-
-
 def spawn(fn, root: Path, *args, world_size: int = 2, timeout_s: float = 240) -> list[int]:
-    """Run ``fn(rank, root, *args)`` in ``world_size`` processes; return their exit codes."""
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, str(root), args)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [p.exitcode for p in procs]
+    """Run ``fn(rank, root, *args)`` in ``world_size`` gloo processes; return their exit codes."""
+    return spawn_local(fn, root, *args, world_size=world_size, timeout_s=timeout_s)
 
 
 def errors(root: Path) -> str:
-    return "\n".join(p.read_text() for p in sorted(root.glob("error-rank*.txt")))
+    return spawn_errors(root)
 
 
 def free_port() -> int:

@@ -193,69 +193,51 @@ DIST_POINTS = ((2, 1), (2, 2), (2, 3))
 per-micro-batch overhead by least squares (plan.cost.fit_dist_overhead)."""
 
 
-def _dist_rank(rank: int, world: int, root: str, base: dict, pairs: tuple, points: tuple, reps: int) -> None:
+def _dist_rank(rank: int, root, base: dict, pairs: tuple, points: tuple, reps: int) -> None:
+    """Inside a rank of :func:`measure_dist_steps` (``strategies.launch.spawn_local``)."""
     import json
-    import os
-    from pathlib import Path
 
-    import torch
+    import torch.distributed as dist
 
-    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several processes per host
     from trainfit.config import make_config
-    from trainfit.strategies import process_group as pg
 
-    try:
-        pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=world, backend="gloo", timeout_s=300)
-        import torch.distributed as dist
+    base_cfg = make_config(base)
 
-        base_cfg = make_config(base)
+    def cfg_of(s: str, sync: str, mb: int, acc: int):
+        return make_config({"strategy": s, "grad_sync": sync, "micro_batch": mb, "accumulation": acc}, base=base_cfg)
 
-        def cfg_of(s: str, sync: str, mb: int, acc: int):
-            return make_config({"strategy": s, "grad_sync": sync, "micro_batch": mb, "accumulation": acc},
-                               base=base_cfg)
-
-        # Warm-up: the first steps of a fresh process group run slow (connections, allocator, lazy
-        # imports) -- measured: the first point came out slower than the same strategy at twice the batch.
-        measure_step_s(cfg_of(*pairs[0], *points[-1]), reps=3)
-        out = []
-        for s, sync in pairs:
-            for mb, acc in points:
-                dist.barrier()
-                out.append([s, sync, mb, acc, measure_step_s(cfg_of(s, sync, mb, acc), reps=reps, statistic="median")])
-        Path(root, f"rank{rank}.json").write_text(json.dumps(out))
-    finally:
-        os._exit(0)  # skip interpreter teardown of the group (the parent only reads the files)
+    # Warm-up: the first steps of a fresh process group run slow (connections, allocator, lazy
+    # imports) -- measured: the first point came out slower than the same strategy at twice the batch.
+    measure_step_s(cfg_of(*pairs[0], *points[-1]), reps=3)
+    out = []
+    for s, sync in pairs:
+        for mb, acc in points:
+            dist.barrier()
+            out.append([s, sync, mb, acc, measure_step_s(cfg_of(s, sync, mb, acc), reps=reps, statistic="median")])
+    (root / f"rank{rank}.json").write_text(json.dumps(out))
 
 
 def measure_dist_steps(base_cfg, *, world: int = 2, pairs=DIST_CALIBRATION, points=DIST_POINTS,
                        reps: int = 15, timeout_s: float = 900) -> dict[tuple[str, str, int, int], float]:
     """Measure steps of each (strategy, grad_sync) at ``points`` on ``world`` gloo processes on this host.
 
-    Spawns the ranks (one torch thread each), rendezvous through a file; returns rank 0's median
-    step per point (every rank waits for the slowest at each collective, so rank 0's time is the
-    step's; the median, see ``measure_step_s``)."""
+    Spawns the ranks (``strategies.launch.spawn_local``: one torch thread each, file rendezvous);
+    returns rank 0's median step per point (every rank waits for the slowest at each collective, so
+    rank 0's time is the step's; the median, see ``measure_step_s``)."""
     import json
-    import multiprocessing
     import tempfile
     from pathlib import Path
 
+    from trainfit.strategies.launch import spawn_errors, spawn_local
+
     values = {f: getattr(base_cfg, f) for f in ("model", "model_config", "seq_len", "optimizer", "seed")}
     root = tempfile.mkdtemp(prefix="trainfit-calib-")
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_dist_rank, args=(r, world, root, values, tuple(pairs), tuple(points), reps))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout_s)
-    alive = [i for i, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    codes = spawn_local(_dist_rank, root, values, tuple(pairs), tuple(points), reps, world_size=world,
+                        timeout_s=timeout_s, collective_timeout_s=300)
     result = Path(root, "rank0.json")
-    if alive or not result.exists():
-        raise RuntimeError(f"distributed calibration on {world} gloo processes did not finish "
-                           f"(ranks still running: {alive}; exit codes {[p.exitcode for p in procs]})")
+    if codes != [0] * world or not result.exists():
+        raise RuntimeError(f"distributed calibration on {world} gloo processes did not finish (exit codes {codes}; "
+                           f"a killed rank shows a negative code)\n{spawn_errors(root)}".rstrip())
     return {(s, sync, mb, acc): t for s, sync, mb, acc, t in json.loads(result.read_text())}
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainfit.strategies import process_group as pg
 
@@ -109,3 +110,52 @@ def join_if_launched(*, timeout_s: float = pg.DEFAULT_TIMEOUT_S) -> pg.World | N
     if env is None:
         return None
     return pg.current() or init_from_torchrun(env, timeout_s=timeout_s)
+
+
+def _spawned(fn, rank: int, world_size: int, root: str, timeout_s: float, args: tuple) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    import torch
+
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several processes per host
+    try:
+        pg.init(init_method=f"file://{root}/rendezvous", rank=rank, world_size=world_size, backend="gloo",
+                timeout_s=timeout_s)
+        fn(rank, Path(root), *args)
+    except BaseException:
+        import traceback
+
+        Path(root, f"error-rank{rank}.txt").write_text(traceback.format_exc())
+        os._exit(1)
+    os._exit(0)  # skip interpreter teardown (and destroy_process_group's barrier with a dead peer)
+
+
+def spawn_local(fn, root: str | Path, *args, world_size: int = 2, timeout_s: float = 240,
+                collective_timeout_s: float = 60) -> list[int]:
+    """Run ``fn(rank, root, *args)`` in ``world_size`` fresh processes on this host, each inside a gloo
+    group (file rendezvous in ``root``, loopback, one torch thread); return their exit codes.
+
+    ``fn`` must be importable (spawn pickles it by name). A rank that raises writes its traceback
+    to ``root/error-rank{r}.txt`` (:func:`spawn_errors`) and exits 1; ranks still running after
+    ``timeout_s`` are killed. Used by ``plan --calibrate`` on several CPU devices, the benchmarks
+    and the distributed tests."""
+    import multiprocessing
+    import time
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_spawned, args=(fn, r, world_size, str(root), collective_timeout_s, args))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [p.exitcode for p in procs]
+
+
+def spawn_errors(root: str | Path) -> str:
+    """The tracebacks :func:`spawn_local`'s ranks left in ``root``, in rank order ('' if none)."""
+    return "\n".join(p.read_text() for p in sorted(Path(root).glob("error-rank*.txt")))
