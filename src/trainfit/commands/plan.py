@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ENTRY_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "peak_bytes_per_device",
@@ -97,7 +99,6 @@ def make_plan(args):
     base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
     basis, used = basis_provider(base, source=args.basis)
     latency_s = 0.0
-    threads_before = None
     intra = _rate("bandwidth-intra", args.bandwidth_intra)
     if row.peak_row is None and args.calibrate and devices > 1:
         # Per-collective-call latency on CPU: gloo's path between ranks on one host is TCP loopback;
@@ -108,36 +109,28 @@ def make_plan(args):
         intra = intra or loop_bw
     links = links_provider(row, nodes=nodes, devices=devices, intra=intra,
                            inter=_rate("bandwidth-inter", args.bandwidth_inter), latency_s=latency_s)
-    if args.calibrate:
-        if row.peak_row is not None:
-            raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
-        from trainfit.plan.sources import calibrated_links, with_dist_overhead
+    dist_rows = ()
+    with contextlib.ExitStack() as scope:
+        if args.calibrate:
+            if row.peak_row is not None:
+                raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
+            from trainfit.plan.sources import calibrated_links, with_dist_overhead
 
-        if devices > 1:
-            # Ranks sharing this CPU run one torch thread each (torchrun sets OMP_NUM_THREADS=1 for
-            # several processes per host): fit the compute at that, not at the whole machine's threads.
-            # calibrated_links measures lazily during the search; the setting is restored after it.
-            import torch
-
-            threads_before = torch.get_num_threads()
-            torch.set_num_threads(1)
-        links = calibrated_links(base, links, basis)
-        dist_rows = ()
-        if devices > 1:
-            # gloo ranks on one CPU pay more than link time: FSDP2's per-unit work, each collective's
-            # wait for its peer. Measured on 2 processes here and fitted per (strategy, grad_sync).
-            print("plan: measuring the distributed overhead on 2 gloo processes (about a minute) ...",
-                  file=sys.stderr, flush=True)
-            links, dist_rows = with_dist_overhead(links, base, basis, world=2,
-                                                  strategies=subsets.get("strategies"))
-    try:
+            if devices > 1:
+                # Ranks sharing this CPU run one torch thread each (torchrun sets OMP_NUM_THREADS=1 for
+                # several processes per host): fit the compute at that. calibrated_links measures
+                # lazily, during the search, so the setting holds until the search is done.
+                scope.enter_context(_torch_threads(1))
+            links = calibrated_links(base, links, basis)
+            if devices > 1:
+                # gloo ranks on one CPU pay more than link time: FSDP2's per-unit work, each collective's
+                # wait for its peer. Measured on 2 processes here and fitted per (strategy, grad_sync).
+                print("plan: measuring the distributed overhead on 2 gloo processes (about a minute) ...",
+                      file=sys.stderr, flush=True)
+                links, dist_rows = with_dist_overhead(links, base, basis, world=2,
+                                                      strategies=subsets.get("strategies"))
         result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
-    finally:
-        if threads_before is not None:
-            import torch
-
-            torch.set_num_threads(threads_before)
-    if row.peak_row is None and args.calibrate and devices > 1:
+    if dist_rows:
         fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
                            for s, sync, ps, pm in dist_rows)
         result.notes.append(f"distributed overhead measured on 2 gloo processes of this machine and applied to "
@@ -146,6 +139,18 @@ def make_plan(args):
         result.notes.append("cpu step times assume the calibrated matmul rate, which a small model does not reach; "
                             "pass --calibrate to fit them to this model's measured steps")
     return result, base, devices // nodes, used, space
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def plan_config(entry, base, *, nproc: int, global_batch: int):
