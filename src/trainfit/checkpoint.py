@@ -58,6 +58,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise CheckpointError(f"could not write checkpoint {path}: {why}; the previous checkpoint is intact") from None
 
 
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's torch RNG: the CPU generator and, on a CUDA device, that device's (dropout on a
+    GPU draws from it). Plain tensors, so a checkpoint holding it loads with ``weights_only=True``."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict, device: torch.device) -> None:
+    """Inverse of :func:`rng_state` (a CUDA state is applied only on a CUDA device)."""
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 

@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainfit.checkpoint import atomic_write_bytes, load_latest, save_checkpoint
+from trainfit.checkpoint import atomic_write_bytes, load_latest, restore_rng, rng_state, save_checkpoint
 from trainfit.config import RunConfig, dump_toml
-from trainfit.data import make_loader
-from trainfit.engine import StepResult, optimizer_step
+from trainfit.engine import StepResult
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
@@ -82,7 +81,7 @@ def capture_state(run: Run, step: int) -> dict:
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
         "precision": run.precision.state_dict(),
-        "rng": {"torch": torch.get_rng_state()},
+        "rng": rng_state(run.strategy.device),
         "data": {"next_step": step},
     }
 
@@ -101,7 +100,7 @@ def restore_state(run: Run, state: dict, path: Path) -> int:
         run.precision.load_state_dict(state["precision"])
     except (KeyError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {str(e).splitlines()[0]}") from None
-    torch.set_rng_state(state["rng"]["torch"])
+    restore_rng(state["rng"], run.strategy.device)
     return int(state["data"]["next_step"])
 
 

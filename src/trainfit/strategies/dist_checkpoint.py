@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from trainfit.checkpoint import atomic_write_bytes, checkpoint_dir, list_checkpoints
+from trainfit.checkpoint import atomic_write_bytes, checkpoint_dir, list_checkpoints, restore_rng, rng_state
 from trainfit.errors import CheckpointError
 
 FORMAT = "trainfit-dcp-v1"
@@ -199,19 +199,11 @@ def load(run, path: Path) -> int:
     return int(meta["step"])
 
 
-def _device_of(run) -> torch.device:
-    return getattr(run.strategy, "device", torch.device("cpu"))
-
-
 def _save_rng(directory: Path, run) -> None:
     """This rank's RNG state into ``directory/rng/rank{r}.pt`` (plain tensors: loads with weights_only)."""
-    rng = {"torch": torch.get_rng_state()}
-    device = _device_of(run)
-    if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(device)
     (directory / "rng").mkdir(exist_ok=True)
     buf = io.BytesIO()
-    torch.save(rng, buf)
+    torch.save(rng_state(run.strategy.device), buf)
     atomic_write_bytes(directory / "rng" / f"rank{_rank()}.pt", buf.getvalue())
 
 
@@ -230,10 +222,7 @@ def _load_rng(path: Path, run, *, saved_world: int) -> None:
                           "streams start fresh", stacklevel=2)
         return
     try:
-        rng = torch.load(file, weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and _device_of(run).type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], _device_of(run))
+        restore_rng(torch.load(file, weights_only=True), run.strategy.device)
     except Exception as e:  # noqa: BLE001 - any unreadable file is one clear message
         raise CheckpointError(f"checkpoint {path}: unreadable RNG state {file.name} ({type(e).__name__})") from None
 
