@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from trainfit.errors import ConfigError, TrainfitError
+from trainfit.errors import ConfigError
 from trainfit.plan.basis import analytic_basis
 from trainfit.plan.cost import Basis, Candidate, Links, memory, step_time
 from trainfit.plan.rules import RULES, Context, broken_rules

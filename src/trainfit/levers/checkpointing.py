@@ -17,7 +17,6 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 

@@ -91,7 +91,7 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
         act = parts.get("activations", 0)
         return act, parts["peak"] - state - act, parts.get("grads", 0)
 
-    (a1, t1, g1), (a2, t2, g2) = split(r1), split(r2)
+    (a1, t1, _), (a2, t2, g2) = split(r1), split(r2)
     db = r2.batch - r1.batch
     act_ps, temp_ps = (a2 - a1) / db, (t2 - t1) / db
     opt_phase = r2.phases.get("optimizer", {}).get("peak", 0)
