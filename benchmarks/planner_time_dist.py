@@ -1,6 +1,6 @@
 """Predicted vs measured step time on 2 gloo processes (one torch thread each on this 2-core machine).
 
-    .venv/bin/python benchmarks/planner_time_dist.py [--out benchmarks/results]
+    .venv/bin/python benchmarks/planner_time_dist.py [--model llama] [--runs 3]
 
 Prediction (what ``trainfit plan --device cpu --devices 2 --calibrate`` does): compute from
 ``calibrated_links`` fitted to single-process steps (one thread, wall clock), plus the communication of ``plan.comm`` at the loopback bandwidth measured by timing
