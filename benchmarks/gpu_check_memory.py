@@ -42,10 +42,10 @@ TOLERANCE = 0.05
 
 def check(case: dict) -> dict:
     from trainfit.config import make_config
-    from trainfit.measure.memory import example_batch, new_tracker, tracked_step, warm_up
-    from trainfit.strategies.base import Single
+    from trainfit.probes.memory import example_batch, new_tracker, tracked_step, warm_up
+    from trainfit.run import build_run
+    from trainfit.strategies.single import Single
     from trainfit.tasks.base import to_device
-    from trainfit.train import build_run
 
     cfg = make_config({**case, "accumulation": 1})
     run = build_run(cfg, strategy=Single("cuda"))

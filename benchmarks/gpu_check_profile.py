@@ -52,8 +52,8 @@ def _overhead(run, steps: int = 40) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from profile_overhead import one_step
 
-    from trainfit.measure.profile import step_batches
-    from trainfit.measure.timers import PhaseTimer
+    from trainfit.meters.timers import PhaseTimer
+    from trainfit.probes.profile import step_batches
 
     batches, timer = step_batches(run, run.cfg.micro_batch, start_step=50_000), PhaseTimer(run.strategy.device)
 
@@ -81,11 +81,11 @@ def main() -> int:
         print(json.dumps({"skipped": "no CUDA device"}))
         return 0
     from trainfit.config import make_config
-    from trainfit.measure import hardware
-    from trainfit.measure.profile import ProfileOptions, profile
-    from trainfit.strategies.base import Single
-    from trainfit.tasks.gpt import GPT_PRESETS
-    from trainfit.train import build_run
+    from trainfit.meters import devices as hardware
+    from trainfit.presets import GPT_PRESETS
+    from trainfit.probes.profile import ProfileOptions, profile
+    from trainfit.run import build_run
+    from trainfit.strategies.single import Single
 
     cfg = make_config(MODEL)
     run = build_run(cfg, strategy=Single("cuda"))

@@ -74,7 +74,7 @@ def child(size: str, shortcut: bool) -> None:
     """One estimate in this process; prints JSON (estimate time, peak RSS, the report)."""
     t0 = time.perf_counter()
     from trainfit.config import make_config
-    from trainfit.measure.estimate import estimate_memory
+    from trainfit.probes.estimate import estimate_memory
 
     cfg = make_config(dict(model="hf:LlamaForCausalLM", model_config=LLAMA[size], seq_len=4096, micro_batch=1,
                            accumulation=1, precision="bf16-mixed", optimizer="adamw"))
@@ -136,8 +136,8 @@ def run_child(size: str, shortcut: bool = True) -> dict:
 
 def small_rows() -> list[dict]:
     from trainfit.config import make_config
-    from trainfit.measure.estimate import estimate_memory
-    from trainfit.measure.memory import measure_memory
+    from trainfit.probes.estimate import estimate_memory
+    from trainfit.probes.memory import measure_memory
 
     rows = []
     for label, model, mc, seq, batch in SMALL:
@@ -145,7 +145,7 @@ def small_rows() -> list[dict]:
             cfg = make_config(dict(model=model, model_config=mc, seq_len=seq, micro_batch=batch, accumulation=1,
                                    precision=prec))
             m, e = measure_memory(cfg), estimate_memory(cfg)
-            from trainfit.train import build_run
+            from trainfit.run import build_run
 
             mdl = build_run(cfg).model
             rows.append({"label": label, "precision": prec, "n_params": m.n_params, "measured_peak": m.peak_bytes,

@@ -20,10 +20,10 @@ import time
 import torch
 
 from trainfit.config import make_config
-from trainfit.plan.devices import device_row
+from trainfit.meters.devices import device_row
 from trainfit.plan.rules import Context
 from trainfit.plan.search import SearchSpace, search
-from trainfit.plan.sources import basis_provider, calibrated_links, links_provider, measure_step_s
+from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, measure_step_s
 
 CLOCK = time.thread_time
 """Step CPU time of the one torch thread (set in main): the machine is shared, and another process's load
@@ -34,9 +34,9 @@ BUDGET = 6_500_000  # bytes of device memory; with 10% headroom some micro-batch
 
 def runs_under_cap(cfg, cap: int) -> bool:
     from trainfit.engine import optimizer_step
-    from trainfit.measure.memory import example_batch
-    from trainfit.measure.tracker import memory_cap
-    from trainfit.train import build_run
+    from trainfit.meters.tracker import memory_cap
+    from trainfit.probes.memory import example_batch
+    from trainfit.run import build_run
 
     run = build_run(cfg)
     mbs = [example_batch(run.task, cfg.micro_batch)] * cfg.accumulation

@@ -32,7 +32,7 @@ def rank_main(rank: int, root: Path, entries: list, cap: int) -> None:
     from plan_quality import runs_under_cap
 
     from trainfit.config import make_config
-    from trainfit.plan.sources import measure_step_s
+    from trainfit.probes.calibrate import measure_step_s
 
     base = make_config(MODEL)
     out = []
@@ -61,11 +61,10 @@ def main() -> None:
     from _common import spawn_ranks, write_results
 
     from trainfit.config import make_config
-    from trainfit.measure.hardware import measure_loopback
-    from trainfit.plan.devices import device_row
+    from trainfit.meters.devices import device_row, measure_loopback
     from trainfit.plan.rules import Context
     from trainfit.plan.search import SearchSpace, search
-    from trainfit.plan.sources import basis_provider, calibrated_links, links_provider, with_dist_overhead
+    from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, with_dist_overhead
 
     base = make_config(MODEL)
     space = SearchSpace(global_batch=GLOBAL_BATCH, devices=2, memory_bytes=BUDGET, precisions=("fp32",),

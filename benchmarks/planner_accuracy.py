@@ -21,10 +21,10 @@ import time
 import torch
 
 from trainfit.config import make_config
-from trainfit.measure.memory import measure_memory
+from trainfit.meters.devices import device_row
 from trainfit.plan.cost import Candidate, memory, step_time
-from trainfit.plan.devices import device_row
-from trainfit.plan.sources import calibrated_links, links_provider, measure_step_s, report_basis
+from trainfit.probes.calibrate import calibrated_links, links_provider, measure_step_s, report_basis
+from trainfit.probes.memory import measure_memory
 
 CLOCK = time.thread_time
 """Step CPU time of the one torch thread (set in main): the machine is shared, and another process's load

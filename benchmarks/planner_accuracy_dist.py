@@ -26,7 +26,7 @@ GRID = [(s, p, mb, acc, sync) for s in ("ddp", "zero1", "zero2", "zero3") for p 
 def rank_main(rank: int, root: Path, model: dict) -> None:
     """Inside each of the 2 ranks (``_common.spawn_ranks``)."""
     from trainfit.config import make_config
-    from trainfit.measure.memory import measure_memory
+    from trainfit.probes.memory import measure_memory
 
     out = []
     for s, p, mb, acc, sync in GRID:
@@ -55,7 +55,7 @@ def main() -> None:
 
     from trainfit.config import make_config
     from trainfit.plan.cost import Candidate, activation_precision, memory
-    from trainfit.plan.sources import report_basis
+    from trainfit.probes.calibrate import report_basis
 
     base = make_config(model)
     bases: dict = {}

@@ -49,7 +49,7 @@ def rank_main(rank: int, root: Path, model: dict) -> None:
     import torch.distributed as dist
 
     from trainfit.config import make_config
-    from trainfit.plan.sources import measure_step_s
+    from trainfit.probes.calibrate import measure_step_s
     from trainfit.tasks import make_task
 
     task = make_task(model["model"], model_config=model["model_config"], seq_len=model["seq_len"])
@@ -100,10 +100,10 @@ def main() -> None:
     from _common import spawn_ranks, write_results
 
     from trainfit.config import make_config
+    from trainfit.meters.devices import device_row
     from trainfit.plan import comm
     from trainfit.plan.cost import Candidate, fit_dist_overhead, step_time
-    from trainfit.plan.devices import device_row
-    from trainfit.plan.sources import basis_provider, calibrated_links, links_provider, measure_dist_steps
+    from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, measure_dist_steps
 
     base = make_config(model)
     basis, _ = basis_provider(base, source="estimate")

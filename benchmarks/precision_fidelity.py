@@ -5,7 +5,7 @@ weights on the same batches, once per policy: fp32, bf16-mixed, fp16-mixed, fp16
 loss scaling turned off (autocast fp16 and fp16 weights, each with the no-op scaler in place of the
 dynamic one). Before every optimizer step a hook on the optimizer records the share of gradient values
 that are exactly zero; on the fp32 run it also records the share of non-zero gradient values that would
-round to zero in fp16 (``trainfit.verify.fp16_underflow_fraction``) -- the values that unscaled fp16
+round to zero in fp16 (``trainfit.probes.verify.fp16_underflow_fraction``) -- the values that unscaled fp16
 loses.
 
     .venv/bin/python benchmarks/precision_fidelity.py              # ~5-10 min on a loaded 2-core CPU
@@ -32,8 +32,9 @@ from _common import RESULTS, write_results  # noqa: E402
 import trainfit  # noqa: E402
 from trainfit.levers.precision import AutocastMixed, HalfWithMaster, make_precision  # noqa: E402
 from trainfit.levers.scaler import NoScaler  # noqa: E402
+from trainfit.probes.verify import fp16_underflow_fraction  # noqa: E402
 from trainfit.tasks import make_task  # noqa: E402
-from trainfit.verify import fp16_underflow_fraction  # noqa: E402
+from trainfit.vocabulary import precision_facts  # noqa: E402
 
 MODEL_CONFIG = "n_layer=2,d_model=64,n_head=2"
 SEQ, MICRO_BATCH = 32, 16
@@ -49,8 +50,8 @@ VARIANTS = {
     "bf16-mixed": lambda: make_precision("bf16-mixed"),
     "fp16-mixed": lambda: make_precision("fp16-mixed"),
     "fp16-true": lambda: make_precision("fp16-true"),
-    "fp16-mixed, no loss scaling": lambda: unscaled(AutocastMixed(dtype=torch.float16)),
-    "fp16-true, no loss scaling": lambda: unscaled(HalfWithMaster(dtype=torch.float16)),
+    "fp16-mixed, no loss scaling": lambda: unscaled(AutocastMixed(precision_facts("fp16-mixed"))),
+    "fp16-true, no loss scaling": lambda: unscaled(HalfWithMaster(precision_facts("fp16-true"))),
 }
 
 

@@ -28,10 +28,10 @@ import torch
 
 from trainfit.config import make_config
 from trainfit.engine import optimizer_step
-from trainfit.measure.profile import TimedStrategy, step_batches
-from trainfit.measure.timers import PhaseTimer
+from trainfit.meters.timers import PhaseTimer
+from trainfit.probes.profile import TimedStrategy, step_batches
+from trainfit.run import build_run
 from trainfit.tasks.base import to_device
-from trainfit.train import build_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

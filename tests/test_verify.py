@@ -20,7 +20,7 @@ from trainfit.config import make_config
 from trainfit.errors import ConfigError
 from trainfit.levers.accumulation import AccumulationWindow
 from trainfit.levers.scaler import DynamicLossScaler, Phase
-from trainfit.verify import cosine, fp16_underflow_fraction, rel_error, update_rel_error, verify
+from trainfit.probes.verify import cosine, fp16_underflow_fraction, rel_error, update_rel_error, verify
 
 TINY = "n_layer=2,d_model=32,n_head=2"
 

@@ -74,6 +74,30 @@ def restore_rng(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+RESUME_KEYS = ("model", "model_config", "precision", "optimizer", "seed", "seq_len", "dataset_size")
+"""Config fields a checkpoint must share with the run that resumes it (one-file and sharded alike);
+the global batch (micro_batch x accumulation x ranks) must match too, so the step stays the same."""
+
+
+def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: Path) -> None:
+    """Refuse a checkpoint written for another job: a different :data:`RESUME_KEYS` field or global batch.
+
+    Raises:
+        CheckpointError: naming the field, both values and what to do.
+    """
+    for key in RESUME_KEYS:
+        if key in saved and saved[key] != now[key]:
+            raise CheckpointError(f"checkpoint {path} was written with {key}={saved[key]!r}, this run has "
+                                  f"{key}={now[key]!r}; resume with the same {key} or use a new --run-dir")
+    was = int(saved["micro_batch"]) * int(saved["accumulation"]) * saved_world
+    have = int(now["micro_batch"]) * int(now["accumulation"]) * world
+    if was != have:
+        raise CheckpointError(
+            f"checkpoint {path} was written with a global batch of {was} samples per step ({saved_world} "
+            f"rank{'s' if saved_world > 1 else ''}), this run has {have}; set global_batch={was} so the step "
+            "stays the same")
+
+
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 

@@ -13,7 +13,10 @@ import sys
 import warnings
 from typing import Any
 
+from trainfit.config import load_toml, make_config
 from trainfit.errors import TrainfitError
+from trainfit.presets import MODEL_HELP
+from trainfit.vocabulary import CHECKPOINT_SPECS, PRECISIONS, STRATEGIES, GradSync, Optimizer, choices
 
 EXIT_USAGE = 2
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile")
@@ -31,17 +34,18 @@ def fail(msg: str) -> int:
 
 
 RUN_FLAGS = {
-    "model": "gpt-tiny (default), gpt-small, gpt2-small, cnn, hf:Class or module:callable",
+    "model": MODEL_HELP,
     "model_config": "key=value,... overrides (or a JSON config path for hf: models)",
     "seq_len": "longest sequence length in tokens",
-    "precision": "fp32, bf16-mixed, fp16-mixed, bf16-true, fp16-true",
+    "precision": choices(PRECISIONS) + " (default fp32)",
     "micro_batch": "samples per micro-batch, or auto",
     "accumulation": "micro-batches per optimizer step",
-    "checkpointing": "none, full, every:K, class:Name[,Name]",
-    "strategy": "single, ddp, zero1, zero2, zero3",
-    "grad_sync": "deferred or per-micro-batch (zero2/zero3 with accumulation)",
+    "checkpointing": choices(CHECKPOINT_SPECS),
+    "strategy": choices(STRATEGIES) + " (default single; the others need --devices N or torchrun)",
+    "grad_sync": f"{choices(GradSync)} ({choices(s.name for s in STRATEGIES.values() if len(s.grad_sync_choices) > 1)}"
+                 " with accumulation)",
     "global_batch": "samples per optimizer step over all ranks (accumulation is derived from it)",
-    "optimizer": "adamw, adam, sgd",
+    "optimizer": choices(Optimizer),
     "lr": "learning rate",
     "steps": "optimizer steps",
     "seed": "random seed",
@@ -65,8 +69,6 @@ def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True)
 
 def config_from_args(args: argparse.Namespace, **overrides: Any):
     """TOML file (if any) < flags < explicit overrides -> a validated RunConfig."""
-    from trainfit.config import load_toml, make_config
-
     values: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
     for key in RUN_FLAGS:
         v = getattr(args, key, None)

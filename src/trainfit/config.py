@@ -8,36 +8,26 @@ Derive variants with ``dataclasses.replace``; never mutate.
 from __future__ import annotations
 
 import dataclasses
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
+
 from trainfit.errors import ConfigError, check_choice, check_int, check_number
-from trainfit.levers.checkpointing import CheckpointPolicy, parse_checkpoint_policy
-from trainfit.levers.precision import PRECISIONS
-from trainfit.strategies.compat import check_precision
+from trainfit.units import parse_bytes
+from trainfit.vocabulary import (
+    CheckpointPolicy,
+    GradSync,
+    Optimizer,
+    PrecisionName,
+    StrategyName,
+    check_compatible,
+    parse_checkpoint_policy,
+)
 
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3")
-OPTIMIZERS = ("adamw", "adam", "sgd")
-GRAD_SYNCS = ("deferred", "per-micro-batch")
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(field_name: str, text: str | int) -> int:
-    """Parse ``24GiB``, ``80GB``, ``512MiB`` or a plain integer into bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text <= 0:
-            raise ConfigError(field_name, text, "a positive size such as 24GiB, 80GB or 512MiB")
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
-        raise ConfigError(field_name, text, "a positive size such as 24GiB, 80GB or 512MiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
+_ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer}
+"""Fields holding a typed name: validated against the vocabulary, then stored as the enum member."""
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
@@ -49,28 +39,28 @@ class RunConfig:
     """Overrides for the model: ``key=value,...`` or a path to a JSON config (HF models)."""
     seq_len: int = 64
     """Longest sequence in tokens (sequences vary in length below it and are padded)."""
-    precision: str = "fp32"
-    """fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true."""
+    precision: PrecisionName = PrecisionName.FP32
+    """One of the vocabulary's precisions (``trainfit train --help`` lists them)."""
     micro_batch: int | Literal["auto"] = 8
     """Samples per forward/backward on one device, or "auto" to shrink it on out-of-memory."""
     accumulation: int = 4
     """Micro-batches per optimizer step."""
     checkpointing: CheckpointPolicy = field(default_factory=lambda: parse_checkpoint_policy("none"))
     """Activation checkpointing: none, full (every block), every:K (every K-th block), class:Name[,Name]."""
-    strategy: str = "single"
-    """single, ddp, zero1, zero2 or zero3."""
-    grad_sync: str = "deferred"
+    strategy: StrategyName = StrategyName.SINGLE
+    """One of the vocabulary's strategies; the distributed ones need a process group (torchrun)."""
+    grad_sync: GradSync = GradSync.DEFERRED
     """Under zero2/zero3 with accumulation: "deferred" (one reduce-scatter per step, more memory)
     or "per-micro-batch" (reduce-scatter every micro-batch, less memory, more traffic)."""
-    nproc: int = 1
-    """Processes to launch on this node with torchrun (``trainfit train --nproc N``)."""
+    devices: int = 1
+    """Processes (one per device) to launch on this node with torchrun (``trainfit train --devices N``)."""
     global_batch: int = 0
     """Samples per optimizer step over all ranks; when > 0 each rank's accumulation is derived from it
     (global_batch / (world_size x micro_batch)), so the step is the same on any world size. 0: micro_batch x
     accumulation x world_size."""
     collective_timeout_s: float = 300.0
     """Seconds a collective may wait for the other ranks before this rank fails (a dead peer must not hang it)."""
-    optimizer: str = "adamw"
+    optimizer: Optimizer = Optimizer.ADAMW
     """adamw, adam or sgd."""
     lr: float = 3e-3
     """Peak learning rate."""
@@ -100,18 +90,17 @@ class RunConfig:
     """Bytes; when > 0 the memory tracker raises out-of-memory above it (CPU stand-in for a device limit)."""
 
     def __post_init__(self) -> None:
-        check_choice("precision", self.precision, PRECISIONS)
+        for key, enum in _ENUMS.items():  # a typed name: check, then store the member
+            check_choice(key, getattr(self, key), tuple(enum))
+            object.__setattr__(self, key, enum(getattr(self, key)))
         if self.micro_batch != "auto":
             check_int("micro_batch", self.micro_batch, minimum=1)
         check_int("accumulation", self.accumulation, minimum=1)
         check_int("seq_len", self.seq_len, minimum=2)
-        check_choice("strategy", self.strategy, STRATEGIES)
-        check_choice("grad_sync", self.grad_sync, GRAD_SYNCS)
-        check_precision(self.strategy, self.precision)  # e.g. fp16-true cannot be sharded by zero2/zero3
-        check_int("nproc", self.nproc, minimum=1)
+        check_compatible(self.strategy, self.precision)  # e.g. a master-copy precision cannot be sharded by FSDP2
+        check_int("devices", self.devices, minimum=1)
         check_int("global_batch", self.global_batch, minimum=0)
         check_number("collective_timeout_s", self.collective_timeout_s, minimum=0.0)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_number("lr", self.lr, minimum=0.0)
         check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
         check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=True)
@@ -133,15 +122,12 @@ class RunConfig:
         if not isinstance(self.checkpointing, CheckpointPolicy):
             raise ConfigError("checkpointing", self.checkpointing, "none, full, every:K, class:Name")
 
-    @property
-    def effective_micro_batches(self) -> int:
-        """Samples per optimizer step on one rank (micro_batch x accumulation)."""
-        assert self.micro_batch != "auto"
-        return self.micro_batch * self.accumulation
-
     def to_dict(self) -> dict[str, Any]:
+        """Plain values (typed names as their strings): what TOML, JSON and checkpoints hold."""
         d = dataclasses.asdict(self)
         d["checkpointing"] = self.checkpointing.spec
+        for key in _ENUMS:
+            d[key] = str(d[key])
         return d
 
 
@@ -172,8 +158,13 @@ def coerce(key: str, value: Any) -> Any:
     return value
 
 
+ALIASES = {"nproc": "devices"}
+"""Earlier names of config keys, still read (a config written by an older trainfit keeps working)."""
+
+
 def make_config(values: dict[str, Any], *, base: RunConfig | None = None) -> RunConfig:
     """Build a RunConfig from a mapping, refusing unknown keys by name."""
+    values = {ALIASES.get(k, k): v for k, v in values.items()}
     for key in values:
         if key not in FIELDS:
             raise ConfigError("config key", key, FIELDS, "remove or rename it")

@@ -16,8 +16,9 @@ from torch import nn
 
 from trainfit.levers.accumulation import AccumulationWindow
 from trainfit.levers.precision import Precision
-from trainfit.measure.timers import NULL_TIMER, Timer
-from trainfit.strategies.base import Single, Strategy
+from trainfit.meters.timers import NULL_TIMER, Timer
+from trainfit.strategies.base import Strategy
+from trainfit.strategies.single import Single
 
 LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, object]]
 _SINGLE = Single()  # the default strategy, stateless: built once, not once per step
@@ -57,7 +58,7 @@ def optimizer_step(
     window = AccumulationWindow(
         micro_batches, count_fn, all_reduce_sum=strategy.all_reduce_sum, world_size=strategy.world_size
     )
-    scale = precision.scaler.scale
+    scale = precision.loss_scale
     # One autocast context per step, entered around each micro-batch's forward + loss (never backward):
     # built once, not per micro-batch -- part of the step's fixed cost (benchmarks/overhead.py).
     autocast = precision.autocast(strategy.device.type)
@@ -78,10 +79,10 @@ def optimizer_step(
         if finite and grad_clip > 0:
             grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
             finite = math.isfinite(grad_norm)
-        elif finite and not precision.scaler.enabled:
+        elif finite and not precision.scales_loss:
             # No clipping and no scaler: nothing has looked at the gradients yet. Refuse inf/NaN before the
             # optimizer writes them into the weights (one pass over the gradients, one host-device sync).
-            finite = precision.scaler.unscale_(precision.grads(model), strategy.all_reduce_max)
+            finite = precision.grads_finite(model, strategy.all_reduce_max)
         stepped = precision.step(optimizer, model, finite)
         precision.zero_grad(optimizer, model)
     return StepResult(loss=loss, count=window.global_count, stepped=stepped, grad_norm=grad_norm, loss_scale=scale)

@@ -6,6 +6,7 @@ never a traceback. Internal invariants use ``assert``; user input never does.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 
 
@@ -19,6 +20,8 @@ class ConfigError(TrainfitError, ValueError):
     def __init__(self, field: str, value: object, allowed: str | Iterable[str], fix: str = "") -> None:
         if not isinstance(allowed, str):
             allowed = "one of: " + ", ".join(str(a) for a in allowed)
+        if isinstance(value, enum.Enum):  # a typed name reads as the name the user typed
+            value = value.value
         msg = f"{field}={value!r} is not valid; allowed: {allowed}"
         if fix:
             msg += f" ({fix})"

@@ -9,124 +9,49 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import nn
+from tqdm import tqdm
 
-from trainfit.checkpoint import atomic_write_bytes, load_latest, restore_rng, rng_state, save_checkpoint
+from trainfit.checkpoint import atomic_write_bytes
 from trainfit.config import RunConfig, dump_toml
 from trainfit.engine import StepResult
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
-from trainfit.levers.accumulation import warn_if_batchnorm
-from trainfit.levers.checkpointing import apply_checkpointing
-from trainfit.levers.precision import Precision, make_precision
-from trainfit.measure.timers import PhaseTimer
-from trainfit.plan.autofit import Fitter, resolve_auto
-from trainfit.strategies import fit_to_world, make_strategy
-from trainfit.strategies.dist_checkpoint import has_checkpoints, resume_sharded
-from trainfit.tasks import Task, make_task
+from trainfit.levers.autofit import Fitter, resolve_auto
+from trainfit.meters.timers import PhaseTimer
+from trainfit.run import Run, build_run
+from trainfit.strategies import Strategy, fit_to_world, make_strategy
+from trainfit.strategies.dist_checkpoint import has_checkpoints
 from trainfit.tasks.base import to_device
 
 
-def make_optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    # foreach=False keeps the update op-for-op identical between runs and resumes.
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
-
-
-@dataclass
-class Run:
-    """Everything built for one run (also used by memory, profile and verify)."""
-
-    cfg: RunConfig
-    task: Task
-    model: nn.Module
-    precision: Precision
-    strategy: object
-    optimizer: torch.optim.Optimizer
-    checkpointed: list[str] = field(default_factory=list)
-    batchnorm: list[str] = field(default_factory=list)
-
-
-def build_run(cfg: RunConfig, *, strategy=None) -> Run:
-    """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
-    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                     dataset_size=cfg.dataset_size)
-    strategy = strategy or make_strategy(cfg)
-    model = task.build_model()
-    if not isinstance(model, nn.Module):
-        raise ConfigError("model", cfg.model, "a factory returning a torch.nn.Module")
-    bn = warn_if_batchnorm(model, cfg.accumulation)
-    blocks = task.block_names(model)
-    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
-    precision = make_precision(cfg.precision)
-    precision.prepare(model)
-    model = strategy.wrap(model, precision, blocks)
-    optimizer = make_optimizer(cfg, precision.optimizer_params(model))
-    if hasattr(strategy, "shard_optimizer"):  # zero1: each rank keeps the state of its partition only
-        optimizer = strategy.shard_optimizer(optimizer)
-    return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
-               checkpointed=checkpointed, batchnorm=bn)
-
-
-def capture_state(run: Run, step: int) -> dict:
-    return {
-        "step": step,
-        "config": run.cfg.to_dict(),
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "precision": run.precision.state_dict(),
-        "rng": rng_state(run.strategy.device),
-        "data": {"next_step": step},
-    }
-
-
-def restore_state(run: Run, state: dict, path: Path) -> int:
-    saved = state.get("config", {})
-    for key in ("model", "model_config", "precision", "optimizer", "micro_batch", "accumulation", "seed", "seq_len"):
-        if key in saved and saved[key] != run.cfg.to_dict()[key]:
-            raise CheckpointError(
-                f"checkpoint {path} was written with {key}={saved[key]!r}, this run has {key}="
-                f"{run.cfg.to_dict()[key]!r}; resume with the same {key} or use a new --run-dir"
-            )
-    try:
-        run.model.load_state_dict(state["model"])
-        run.optimizer.load_state_dict(state["optimizer"])
-        run.precision.load_state_dict(state["precision"])
-    except (KeyError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {str(e).splitlines()[0]}") from None
-    restore_rng(state["rng"], run.strategy.device)
-    return int(state["data"]["next_step"])
-
-
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Summary:
     steps: int
     final_loss: float
     first_loss: float
     skipped_steps: int
-    tokens_per_s: float
+    items_per_s: float
+    """Loss-bearing items per second over the run: tokens for token tasks, samples for sample tasks (``unit``)."""
     effective_batch: int
     unit: str
+    """What an item is: "tokens" or "samples"."""
     run_dir: str
     wall_s: float
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """The ``--json`` summary; the rate also under ``<unit>_per_s`` (``tokens_per_s`` or ``samples_per_s``)."""
+        d = dict(self.__dict__)
+        d[f"{self.unit}_per_s"] = self.items_per_s
+        return d
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True)
 
 
-def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy=None) -> Summary:
+def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy: Strategy | None = None) -> Summary:
     strategy = strategy or make_strategy(cfg)
     auto = cfg.micro_batch == "auto"
     cfg = resolve_auto(cfg, strategy.world_size)  # "auto" -> the starting split; auto-fit shrinks it
@@ -135,14 +60,10 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     st = run.strategy
     run_dir = Path(cfg.run_dir)
     start = 0
-    sharded_start = resume_sharded(run, run_dir) if resume else None  # DCP checkpoints, any strategy/world
-    if sharded_start is not None:
-        start = sharded_start
-    elif resume:
-        found = load_latest(run_dir)
-        if found is None:
+    if resume:
+        start = run.load(run_dir)  # the newest checkpoint, one-file or sharded (these load into any strategy)
+        if start is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume first")
-        start = restore_state(run, found[1], found[0])
     elif has_checkpoints(run_dir):
         raise ConfigError("run_dir", str(run_dir), "a directory without checkpoints",
                           "pass --resume to continue it, or choose a new --run-dir")
@@ -191,7 +112,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
             bar.update(1)
             done = step + 1
             if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
-                save_state(run, done)
+                run.save(done)
     finally:
         fit.close()  # DataLoader workers stop here, not at the next garbage collection
         bar.close()
@@ -199,7 +120,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
             metrics.close()
     wall = time.perf_counter() - t_start
     return Summary(steps=cfg.steps, final_loss=res.loss if res else math.nan, first_loss=first_loss,
-                   skipped_steps=skipped, tokens_per_s=items / max(wall, 1e-9),
+                   skipped_steps=skipped, items_per_s=items / max(wall, 1e-9),
                    effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
                    run_dir=str(run_dir), wall_s=wall)
 
@@ -219,18 +140,9 @@ def _trim_metrics(path: Path, start: int) -> None:
     atomic_write_bytes(path, "".join(keep).encode())
 
 
-def save_state(run: Run, step: int) -> None:
-    """Checkpoint after ``step`` optimizer steps (strategies with sharded state save via DCP)."""
-    saver = getattr(run.strategy, "save_checkpoint", None)
-    if saver is not None:
-        saver(run, step)
-    else:
-        save_checkpoint(run.cfg.run_dir, step, capture_state(run, step), keep=run.cfg.keep_checkpoints)
-
-
 def _check_health(cfg: RunConfig, run: Run, res: StepResult, consecutive: int, step: int) -> None:
     """Stop rather than train on garbage; the last good checkpoint stays on disk."""
-    if not res.stepped and not run.precision.scaler.enabled:
+    if not res.stepped and not run.precision.scales_loss:
         raise TrainingStopped(
             f"step {step + 1}: loss or gradients are not finite (loss={res.loss}) with precision={cfg.precision}; "
             "stopped before corrupting the weights (lower lr, check the data, or add grad_clip)")
@@ -238,8 +150,8 @@ def _check_health(cfg: RunConfig, run: Run, res: StepResult, consecutive: int, s
         raise TrainingStopped(
             f"step {step + 1}: {consecutive} optimizer steps in a row overflowed in {cfg.precision}; likely cause: "
             "activations beyond fp16's range (e.g. a bf16-pretrained model run in fp16) -- use bf16-mixed")
-    scale = run.precision.scaler.scale
-    if run.precision.scaler.enabled and scale < cfg.min_loss_scale:
+    scale = run.precision.loss_scale
+    if run.precision.scales_loss and scale < cfg.min_loss_scale:
         raise TrainingStopped(
             f"step {step + 1}: loss scale {scale:g} fell below min_loss_scale={cfg.min_loss_scale:g}; gradients "
             "overflow fp16 even unscaled -- use bf16-mixed or lower the learning rate")

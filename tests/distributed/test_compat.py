@@ -91,7 +91,7 @@ def test_cli_nproc_with_single_is_refused_before_launching(tmp_path, capsys):
 
     rc = main(["train", "--nproc", "2", "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert rc == 2 and "strategy='single'" in err and "--nproc 2 launches 2 processes" in err
+    assert rc == 2 and "strategy='single'" in err and "--devices 2 launches 2 processes" in err
 
 
 def test_memory_estimate_per_rank_for_any_world_without_processes(capsys):

@@ -121,8 +121,8 @@ def _shard_numel(shape: torch.Size, rank: int, world: int) -> int:
 def test_memory_per_rank_matches_the_sharding_and_the_estimate(job):
     import dataclasses
 
-    from trainfit.measure.estimate import estimate_memory
-    from trainfit.measure.memory import measure_memory
+    from trainfit.probes.estimate import estimate_memory
+    from trainfit.probes.memory import measure_memory
 
     from .workers import MEMORY_STRATEGIES, memory_cfg
 

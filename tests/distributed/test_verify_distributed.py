@@ -21,7 +21,7 @@ BASE = {"model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16, "micro_b
 def verify_worker(rank: int, root: Path) -> None:
     import trainfit.engine as engine
     from trainfit.config import make_config
-    from trainfit.verify import verify
+    from trainfit.probes.verify import verify
 
     out = {}
     for strategy, precision, sync in CASES:

@@ -67,7 +67,7 @@ def grad_sync_observables(rank: int, root: Path) -> None:
     """After one non-last micro-batch: are the gradients already synced? (DDP: equal on both ranks;
     FSDP2: the sharded .grad exists only after a reduce-scatter.)"""
     from trainfit.data import rank_micro_batches
-    from trainfit.train import build_run
+    from trainfit.run import build_run
 
     out = {}
     for strategy in ("ddp", "zero2"):
@@ -133,8 +133,8 @@ def memory_cfg(root: Path, strategy: str):
 
 def memory_per_rank(rank: int, root: Path) -> None:
     """The memory issue's measured accounting, inside each rank (sharded tensors count their local shard)."""
-    from trainfit.measure.memory import measure_memory
-    from trainfit.train import build_run
+    from trainfit.probes.memory import measure_memory
+    from trainfit.run import build_run
 
     out = {}
     for strategy in MEMORY_STRATEGIES:

@@ -6,7 +6,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainfit.errors import ConfigError
 from trainfit.levers.checkpointing import (
-    ByClassName, EveryBlock, EveryKthBlock, NoCheckpointing, apply_checkpointing, parse_checkpoint_policy,
+    ByClassName,
+    EveryBlock,
+    EveryKthBlock,
+    NoCheckpointing,
+    apply_checkpointing,
+    parse_checkpoint_policy,
     select_blocks,
 )
 from trainfit.tasks import make_task

@@ -4,7 +4,8 @@ import torch
 from torch import nn
 
 from trainfit.engine import optimizer_step
-from trainfit.levers.precision import PRECISIONS, make_precision
+from trainfit.levers.precision import make_precision
+from trainfit.vocabulary import PRECISIONS
 
 
 def test_master_weights_keep_updates_smaller_than_fp16_spacing():
@@ -58,5 +59,5 @@ def test_true_precisions_store_half_weights_and_fp32_masters():
 
 
 def test_scaling_only_where_needed():
-    enabled = {n: make_precision(n).scaler.enabled for n in PRECISIONS}
+    enabled = {n: make_precision(n).scales_loss for n in PRECISIONS}
     assert enabled == {"fp32": False, "bf16-mixed": False, "fp16-mixed": True, "bf16-true": False, "fp16-true": True}

@@ -104,10 +104,10 @@ def test_skipped_step_leaves_every_bit_unchanged(precision):
     params = [p.detach().clone() for p in model.parameters()]
     masters = [p.detach().clone() for p in prec.optimizer_params(model)]
     state = copy.deepcopy(opt.state_dict())
-    scale = prec.scaler.scale
+    scale = prec.loss_scale
     model.boom = True
     res = optimizer_step(**kw)
-    assert not res.stepped and prec.scaler.scale == scale / 2
+    assert not res.stepped and prec.loss_scale == scale / 2
     assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(masters, prec.optimizer_params(model)))
     after = opt.state_dict()

@@ -24,10 +24,10 @@ CFG = {"model_config": "n_layer=2,d_model=128,n_head=2", "seq_len": 64, "micro_b
 
 def single_then_ddp(rank: int, root: Path, steps: int) -> None:
     from trainfit.config import make_config
-    from trainfit.measure import scaleout
-    from trainfit.measure.profile import ProfileOptions, run_steps, step_batches
-    from trainfit.strategies.base import Single
-    from trainfit.train import build_run
+    from trainfit.probes import scaleout
+    from trainfit.probes.profile import ProfileOptions, run_steps, step_batches
+    from trainfit.run import build_run
+    from trainfit.strategies.single import Single
 
     cfg = make_config(CFG)
     one, ddp = build_run(cfg, strategy=Single("cpu")), build_run(dataclasses.replace(cfg, strategy="ddp"))

@@ -3,7 +3,7 @@
 import pytest
 
 from trainfit.errors import ConfigError
-from trainfit.measure.advice import Findings, Thresholds, advise
+from trainfit.probes.advice import Findings, Thresholds, advise
 
 BASE = dict(comm_exposed_frac=0.0, h2d_frac=0.01, loader_workers=0, device_type="cpu", world_size=1,
             strategy="single", micro_batch=4, scaling_note="scale out with ddp: 2: 1.9x")

@@ -3,9 +3,9 @@
 import pytest
 
 from trainfit.config import make_config
-from trainfit.measure.estimate import estimate_memory, shard_parts
-from trainfit.measure.memory import measure_memory
-from trainfit.measure.tracker import PARTS
+from trainfit.probes.estimate import estimate_memory, shard_parts
+from trainfit.probes.memory import measure_memory
+from trainfit.vocabulary import PARTS
 
 HF_TINY = {
     "hf:LlamaForCausalLM": "hidden_size=32,intermediate_size=64,num_hidden_layers=1,num_attention_heads=2,"

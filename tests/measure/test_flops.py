@@ -4,10 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from trainfit.levers.checkpointing import parse_checkpoint_policy
-from trainfit.measure.flops import FlopCounter, count_flops
+from trainfit.levers.checkpointing import apply_checkpointing, parse_checkpoint_policy
+from trainfit.meters.flops import FlopCounter, count_flops
+from trainfit.presets import GPTConfig
 from trainfit.tasks.builtin import gpt_loss
-from trainfit.tasks.gpt import GPT, GPTConfig
+from trainfit.tasks.gpt import GPT
 
 
 class Blk(nn.Module):
@@ -35,8 +36,12 @@ BWD = 2 * B * 16 * 32 + 2 * (2 * B * 32 * 8)
 
 
 def counter(policy: str, build=mlp, loss=mlp_loss):
-    return FlopCounter(build_model=build, block_names=lambda m: [n for n, x in m.named_modules() if isinstance(x, Blk)],
-                       loss_fn=loss, policy=parse_checkpoint_policy(policy))
+    pol = parse_checkpoint_policy(policy)
+
+    def recompute(m):
+        apply_checkpointing(m, pol, [n for n, x in m.named_modules() if isinstance(x, Blk)])
+
+    return FlopCounter(build_model=build, loss_fn=loss, recompute=None if policy == "none" else recompute)
 
 
 def test_mlp_forward_backward_by_hand():

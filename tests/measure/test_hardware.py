@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainfit.measure import hardware
+from trainfit.meters import devices as hardware
 
 
 def test_every_row_has_a_source_and_dense_fp32():
@@ -73,7 +73,7 @@ class _FakeRun:
 
 @pytest.mark.parametrize("name, known", [("NVIDIA H200", True), ("NVIDIA Imaginary 9000", False)])
 def test_profile_peak_on_a_gpu_is_the_table_row_or_null(monkeypatch, name, known):
-    from trainfit.measure.profile import _peak
+    from trainfit.probes.profile import _peak
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
     peak, dtype, source = _peak(_FakeRun("cuda:0"))

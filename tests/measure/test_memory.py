@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from trainfit.config import make_config
-from trainfit.measure.memory import measure_memory
-from trainfit.measure.scaling import fit_batch_scaling, fit_line
-from trainfit.measure.tracker import memory_cap
+from trainfit.meters.tracker import memory_cap
+from trainfit.probes.batchfit import fit_batch_scaling, fit_line
+from trainfit.probes.memory import measure_memory
 
 from .trainfit_linear_stack import D_HID, D_IN, D_OUT
 
@@ -96,8 +96,8 @@ def test_full_checkpointing_keeps_only_block_inputs():
 
 def test_memory_cap_raises_out_of_memory_during_training(tiny_gpt_overrides):
     from trainfit.engine import optimizer_step
-    from trainfit.measure.memory import example_batch
-    from trainfit.train import build_run
+    from trainfit.probes.memory import example_batch
+    from trainfit.run import build_run
 
     run = build_run(_cfg("gpt-tiny", model_config=tiny_gpt_overrides, seq_len=16))
     mb = example_batch(run.task, 4)

@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-
 from distributed.harness import errors, spawn  # the 2-process gloo launcher of the distribution tests
 
 pytestmark = pytest.mark.distributed
@@ -14,7 +13,7 @@ CFG = dict(model="gpt-tiny", model_config="n_layer=2,d_model=32,n_head=2", seq_l
 
 def _measure(rank, root):
     from trainfit.config import make_config
-    from trainfit.measure.memory import measure_memory
+    from trainfit.probes.memory import measure_memory
 
     r = measure_memory(make_config({**CFG, "strategy": "zero3"}))
     (root / f"rank{rank}.json").write_text(json.dumps(r.to_dict()))

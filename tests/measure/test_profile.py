@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from trainfit.config import make_config
-from trainfit.measure.profile import ProfileOptions, profile
-from trainfit.train import build_run
+from trainfit.probes.profile import ProfileOptions, profile
+from trainfit.run import build_run
 
 TINY = "n_layer=2,d_model=64,n_head=2"
 SLEEP_S = 0.025  # injected per micro-batch
@@ -88,7 +88,7 @@ def test_workers_move_the_diagnosis_away_from_input(one_thread):
 
 
 def test_tiny_micro_batch_is_batch_bound_and_the_suggestion_fits(one_thread):
-    from trainfit.measure.memory import measure_memory
+    from trainfit.probes.memory import measure_memory
 
     # d_model 128: per-op overhead still dominates a 1-sample micro-batch, while loading one
     # sample stays a small share of the step (with d_model 64 it can pass 10% on a loaded machine).
@@ -147,7 +147,7 @@ def test_recompute_counts_for_hfu_only_and_sample_tasks_report_samples(one_threa
 
 def test_scale_out_curves_cost_each_collective_call_by_hand():
     """The profile's scale-out curves pay the calls each strategy really issues (as the planner does)."""
-    from trainfit.measure import scaleout
+    from trainfit.probes import scaleout
 
     run = build_run(make_config({"model": "gpt-tiny", "model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16,
                                  "accumulation": 1}))

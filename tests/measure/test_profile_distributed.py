@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from distributed.harness import errors, spawn
 
 from .dist_profile import single_then_ddp

@@ -6,7 +6,7 @@ import torch
 
 from trainfit.engine import optimizer_step
 from trainfit.levers.precision import make_precision
-from trainfit.measure.timers import NULL_TIMER, PhaseTimer
+from trainfit.meters.timers import NULL_TIMER, PhaseTimer
 
 
 def test_nested_phase_is_subtracted_from_its_parent():

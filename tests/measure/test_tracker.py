@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainfit.measure.tracker import MemoryTracker
+from trainfit.meters.tracker import MemoryTracker
 
 
 def test_views_share_one_storage_and_frees_are_noticed():

@@ -10,11 +10,11 @@ import torch
 from trainfit.checkpoint import load_latest
 from trainfit.config import make_config
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.plan.autofit import resolve_auto, shrink
+from trainfit.levers.autofit import resolve_auto, shrink
 from trainfit.train import train
 
 TINY = "n_layer=2,d_model=32,n_head=2"
-# Measured with `trainfit.measure.memory.measure_memory` on this config: peak 2.44 MB at micro-batch 8
+# Measured with `trainfit.probes.memory.measure_memory` on this config: peak 2.44 MB at micro-batch 8
 # (a step with Adam state; the very first step passes 1.97 MB in backward), 1.66 MB at 4 x accumulation 2.
 # This cap makes the starting micro-batch fail in the first step's backward and lets 4 x 2 through.
 CAP = 1_800_000

@@ -67,9 +67,12 @@ def test_comm_dominates_beyond_matches_hand_crossover():
 
 
 def test_every_row_has_a_source_and_formula():
-    assert set(comm.TRAFFIC) == set(comm.STRATEGIES)
-    for row in comm.TRAFFIC.values():
-        assert row.source and row.formula and row.collectives
+    from trainfit.vocabulary import STRATEGIES
+
+    assert set(comm.DISTRIBUTED) == {s.name for s in STRATEGIES.values() if s.distributed}
+    for name in comm.DISTRIBUTED:
+        row = STRATEGIES[name]
+        assert row.traffic_source and row.traffic_formula and row.collectives
 
 
 @pytest.mark.parametrize("kw, word", [

@@ -50,9 +50,9 @@ def test_bad_inputs_one_line(capsys):
 
 def test_predicted_peak_matches_measured_within_5_percent():
     """Basis measured at micro-batches 2 and 4; predicted at 3 and at 6 x accumulation 2 vs fresh measurements."""
-    from trainfit.measure.memory import measure_memory
     from trainfit.plan.cost import Candidate, memory
-    from trainfit.plan.sources import report_basis
+    from trainfit.probes.calibrate import report_basis
+    from trainfit.probes.memory import measure_memory
 
     base = make_config({"model_config": TINY, "seq_len": 32})
     for precision, ckpt in [("fp32", "none"), ("bf16-mixed", "full")]:
@@ -71,13 +71,13 @@ def test_no_planned_fit_runs_out_of_memory_under_the_cap():
     import torch
 
     from trainfit.engine import optimizer_step
-    from trainfit.measure.memory import example_batch
-    from trainfit.measure.tracker import memory_cap
+    from trainfit.meters.tracker import memory_cap
     from trainfit.plan.cost import Links
     from trainfit.plan.rules import Context
     from trainfit.plan.search import SearchSpace, search
-    from trainfit.plan.sources import basis_provider
-    from trainfit.train import build_run
+    from trainfit.probes.calibrate import basis_provider
+    from trainfit.probes.memory import example_batch
+    from trainfit.run import build_run
 
     base = make_config({"model_config": TINY, "seq_len": 32})
     space = SearchSpace(global_batch=8, devices=1, memory_bytes=2_000_000, precisions=("fp32",),
@@ -107,16 +107,16 @@ def test_no_planned_fit_runs_out_of_memory_under_the_cap():
 def test_dist_calibration_measures_on_two_gloo_processes():
     """plan --calibrate with several CPU devices: steps measured on 2 spawned ranks, then fitted."""
     from trainfit.config import make_config
+    from trainfit.meters.devices import device_row
     from trainfit.plan.cost import fit_dist_overhead
-    from trainfit.plan.sources import links_provider, measure_dist_steps
-    from trainfit.plan.devices import device_row
+    from trainfit.probes.calibrate import links_provider, measure_dist_steps
 
     base = make_config({"model": "gpt-tiny", "model_config": "n_layer=1,d_model=32,n_head=2", "seq_len": 16})
     measured = measure_dist_steps(base, world=2, pairs=(("ddp", "deferred"), ("zero3", "deferred")),
                                   points=((2, 1), (2, 2)), reps=3)
     assert set(measured) == {(s, "deferred", 2, a) for s in ("ddp", "zero3") for a in (1, 2)}
     assert all(0 < t < 5 for t in measured.values())
-    from trainfit.plan.sources import basis_provider
+    from trainfit.probes.calibrate import basis_provider
 
     basis, _ = basis_provider(base, source="analytic")
     links = links_provider(device_row("cpu"), nodes=1, devices=2, intra=1e9, inter=None)("fp32")

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 
 from trainfit.cli import RUN_FLAGS
 from trainfit.cli import main as cli_main
-from trainfit.config import GRAD_SYNCS, OPTIMIZERS, STRATEGIES
-from trainfit.levers.precision import PRECISIONS
+from trainfit.vocabulary import GradSync, Optimizer, PrecisionName, StrategyName
 
 from .conftest import TINY_VALUES
 
@@ -61,16 +60,16 @@ def _positive_float(inclusive: bool):
 
 
 INVALID = {
-    "precision": _choice(PRECISIONS),
-    "strategy": _choice(STRATEGIES),
-    "grad_sync": _choice(GRAD_SYNCS),
-    "optimizer": _choice(OPTIMIZERS),
+    "precision": _choice(tuple(PrecisionName)),
+    "strategy": _choice(tuple(StrategyName)),
+    "grad_sync": _choice(tuple(GradSync)),
+    "optimizer": _choice(tuple(Optimizer)),
     "micro_batch": st.one_of(ints_below(1), non_int_text.filter(lambda s: s != "auto"), wrong_type),
     "accumulation": _int_field(1),
     "seq_len": _int_field(2),
     "steps": _int_field(1),
     "seed": _int_field(0),
-    "nproc": _int_field(1),
+    "devices": _int_field(1),
     "dataset_size": _int_field(1),
     "loader_workers": _int_field(0),
     "checkpoint_every": _int_field(0),

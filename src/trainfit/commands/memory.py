@@ -7,9 +7,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 from trainfit.cli import add_run_flags, config_from_args
+from trainfit.commands.report import save_and_report
+from trainfit.errors import ConfigError
+from trainfit.probes.batchfit import fit_batch_scaling, second_batch
+from trainfit.probes.estimate import estimate_memory
+from trainfit.probes.memory import measure_memory
+from trainfit.report.plots import plot_memory
+from trainfit.strategies import launch
+from trainfit.strategies import process_group as pg
+from trainfit.units import fmt_bytes, parse_bytes
 
 JSON_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes",
              "peak_bytes", "peak_phase", "activations_per_sample_bytes")
@@ -25,8 +35,9 @@ def register(sub) -> None:
                      help="run two real steps and measure the second (default)")
     how.add_argument("--estimate", dest="method", action="store_const", const="estimate",
                      help="trace the step under fake tensors: nothing is allocated (for models too big here)")
-    p.add_argument("--world", type=int, default=1,
-                   help="with --estimate: ranks to spread --strategy over (per-rank bytes, no processes launched)")
+    p.add_argument("--devices", "--world", dest="devices", type=int, default=1,
+                   help="with --estimate: devices (ranks) to spread --strategy over (per-rank bytes, no processes "
+                        "launched)")
     p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
@@ -35,29 +46,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from trainfit.config import parse_bytes
-    from trainfit.measure.scaling import fit_batch_scaling, second_batch
-
     overrides = {"micro_batch": args.batch} if args.batch is not None else {}
     cfg = config_from_args(args, **overrides)
     budget = parse_bytes("budget", args.budget) if args.budget else None
-    from trainfit.strategies import launch
-    from trainfit.strategies import process_group as pg
-
     world = launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: measure inside each rank
-    if args.world != 1 and args.method != "estimate":
-        from trainfit.errors import ConfigError
-
-        raise ConfigError("world", args.world, "1 when measuring", "add --estimate, or measure each rank by launching "
-                          "`torchrun --nproc_per_node=N -m trainfit memory --strategy ...`")
+    if args.devices != 1 and args.method != "estimate":
+        raise ConfigError("devices", args.devices, "1 when measuring", "add --estimate, or measure each rank by "
+                          "launching `torchrun --nproc_per_node=N -m trainfit memory --strategy ...`")
     if args.method == "estimate":
-        import functools
-
-        from trainfit.measure.estimate import estimate_memory
-
-        make_report = functools.partial(estimate_memory, world_size=args.world, strategy=cfg.strategy)
+        make_report = functools.partial(estimate_memory, world_size=args.devices, strategy=cfg.strategy)
     else:
-        from trainfit.measure.memory import measure_memory as make_report
+        make_report = measure_memory
     report = make_report(cfg)
     other = make_report(cfg, batch=second_batch(report.batch))
     scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))
@@ -67,12 +66,8 @@ def run(args) -> int:
         return 0
     max_mb = scaling.max_micro_batch(budget) if budget else None
     if args.plot:
-        from trainfit.measure.memory_plot import plot_memory
-
         plot_memory(report, args.plot, budget_bytes=budget)
     if args.report:
-        from trainfit.commands.report import save_and_report
-
         save_and_report(cfg.run_dir, "memory.json", report.to_dict(), report=True,
                         keep_others=("precision", "checkpointing", "strategy", "batch", "method"))
     if args.json:
@@ -93,8 +88,6 @@ def run(args) -> int:
 
 
 def format_table(report, scaling, budget, max_mb) -> str:
-    from trainfit.measure.report import fmt_bytes
-
     r = report
     lines = [f"{r.model}: {r.precision}, checkpointing={r.checkpointing}, {r.optimizer}, micro-batch {r.batch} "
              f"x seq {r.seq_len}, accumulation {r.accumulation}, {r.n_params:,} params "

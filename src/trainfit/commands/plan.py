@@ -8,6 +8,19 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
+from trainfit.commands.report import save_and_report
+from trainfit.config import dump_toml, make_config
+from trainfit.errors import ConfigError, TrainfitError
+from trainfit.meters.devices import device_row, dtypes_of, measure_loopback
+from trainfit.plan.rules import Context
+from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
+from trainfit.plan.shapes import run_spec
+from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, with_dist_overhead
+from trainfit.units import parse_bytes
+from trainfit.vocabulary import strategy_facts
+
 ENTRY_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "peak_bytes_per_device",
               "step_s", "scaling_efficiency", "fits", "reasons")
 """Keys of every --json entry (pinned by tests); grad_sync, parts, compute_s, exposed_comm_s follow them."""
@@ -43,8 +56,6 @@ def register(sub) -> None:
 
 
 def _int(name: str, text: str, minimum: int = 1) -> int:
-    from trainfit.errors import ConfigError
-
     try:
         v = int(text)
     except (TypeError, ValueError):
@@ -55,23 +66,13 @@ def _int(name: str, text: str, minimum: int = 1) -> int:
 
 
 def _rate(name: str, text: str | None) -> float | None:
-    from trainfit.config import parse_bytes
-
     if text is None:
         return None
     return float(parse_bytes(name, str(text).removesuffix("/s")))
 
 
 def make_plan(args):
-    """Parse the flags, search, and return (result, base config, nproc per node)."""
-    from trainfit.config import make_config, parse_bytes
-    from trainfit.errors import ConfigError
-    from trainfit.plan.devices import device_row, dtypes_of
-    from trainfit.plan.rules import Context
-    from trainfit.plan.search import SearchSpace, search
-    from trainfit.plan.shapes import run_spec
-    from trainfit.plan.sources import basis_provider, links_provider
-
+    """Parse the flags, search, and return (result, base config, devices per node)."""
     devices, nodes = _int("devices", args.devices), _int("nodes", args.nodes)
     if devices % nodes:
         raise ConfigError("nodes", nodes, f"a divisor of devices={devices}", "every node holds the same number")
@@ -80,8 +81,6 @@ def make_plan(args):
     except ValueError:
         raise ConfigError("headroom", args.headroom, "a number in [0, 1)") from None
     row = device_row(args.device)
-    from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES
-
     subsets = {}
     for flag, allowed in (("precisions", PRECISION_CHOICES), ("checkpointings", CHECKPOINT_CHOICES),
                           ("strategies", STRATEGY_CHOICES)):
@@ -103,8 +102,6 @@ def make_plan(args):
     if row.peak_row is None and args.calibrate and devices > 1:
         # Per-collective-call latency on CPU: gloo's path between ranks on one host is TCP loopback;
         # its one-way latency is one ring step (as measure/scaleout.py uses it without a live group).
-        from trainfit.measure.hardware import measure_loopback
-
         loop_bw, latency_s = measure_loopback()
         intra = intra or loop_bw
     links = links_provider(row, nodes=nodes, devices=devices, intra=intra,
@@ -114,8 +111,6 @@ def make_plan(args):
         if args.calibrate:
             if row.peak_row is not None:
                 raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
-            from trainfit.plan.sources import calibrated_links, with_dist_overhead
-
             if devices > 1:
                 # Ranks sharing this CPU run one torch thread each (torchrun sets OMP_NUM_THREADS=1 for
                 # several processes per host): fit the compute at that. calibrated_links measures
@@ -143,8 +138,6 @@ def make_plan(args):
 
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
-    import torch
-
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -153,30 +146,24 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def plan_config(entry, base, *, nproc: int, global_batch: int):
+def plan_config(entry, base, *, devices: int, global_batch: int):
     """The RunConfig that runs ``entry`` (``trainfit train PLAN.toml``)."""
-    from trainfit.config import FIELDS, make_config
-
     values = {"precision": entry.precision, "micro_batch": entry.micro_batch, "accumulation": entry.accumulation,
               "checkpointing": entry.checkpointing, "strategy": entry.strategy, "grad_sync": entry.grad_sync,
-              "nproc": nproc}
-    if "global_batch" in FIELDS and entry.strategy != "single":
+              "devices": devices}
+    if strategy_facts(entry.strategy).distributed:
         values["global_batch"] = global_batch
     return make_config(values, base=base)
 
 
 def run(args) -> int:
-    from trainfit.config import dump_toml
-
-    result, base, nproc, used, space = make_plan(args)
+    result, base, per_node, used, space = make_plan(args)
     top = _int("top", args.top)
     shown = result.entries[:top]
     if args.write:
         if result.best is None:
-            from trainfit.errors import TrainfitError
-
             raise TrainfitError("plan: nothing fits, so there is no config to --write: " + "; ".join(result.notes))
-        cfg = plan_config(result.best, base, nproc=nproc, global_batch=space.global_batch)
+        cfg = plan_config(result.best, base, devices=per_node, global_batch=space.global_batch)
         Path(args.write).write_text(dump_toml(cfg))
     if args.json or args.report:
         out = {"model": args.model, "global_batch": space.global_batch, "devices": space.devices,
@@ -185,8 +172,6 @@ def run(args) -> int:
                "plans": [{k: e.to_dict()[k] for k in (*ENTRY_KEYS, "grad_sync", "parts", "compute_s",
                                                       "exposed_comm_s")} for e in shown]}
         if args.report:
-            from trainfit.commands.report import save_and_report
-
             save_and_report(args.run_dir, "plan.json", out, report=True)
         if args.json:
             print(json.dumps(out))

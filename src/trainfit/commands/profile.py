@@ -9,8 +9,19 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
+
 from trainfit.cli import add_run_flags, config_from_args
+from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError
+from trainfit.probes.profile import ProfileOptions, profile
+from trainfit.report.plots import check_plot_path, plot_profile
+from trainfit.run import build_run
+from trainfit.strategies import launch
+from trainfit.strategies import process_group as pg
+from trainfit.strategies.single import Single
+from trainfit.units import parse_bytes
+from trainfit.vocabulary import StrategyName, strategy_facts
 
 DEFAULT_STEPS = 20
 JSON_KEYS = ("data_wait_frac", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "step_s", "busy_frac",
@@ -36,8 +47,6 @@ def register(sub) -> None:
 
 
 def parse_bandwidth(text: str) -> float:
-    from trainfit.config import parse_bytes
-
     t = str(text).strip()
     if not t.lower().endswith("/s"):
         raise ConfigError("--bandwidth", text, "bytes per second such as 25GB/s or 400MiB/s")
@@ -45,20 +54,13 @@ def parse_bandwidth(text: str) -> float:
 
 
 def run(args) -> int:
-    from trainfit.measure.profile import ProfileOptions
-
     cfg = config_from_args(args)  # validates --steps (>= 1) with the other flags
     if args.plot:  # fail before profiling, not after
-        from trainfit.measure.profile_plot import check_plot_path
-
         check_plot_path(args.plot)
     # A config file's steps is a training length; only --steps sets the profiled steps.
     options = ProfileOptions(steps=cfg.steps if args.steps is not None else DEFAULT_STEPS, warmup=args.warmup,
                              batch_probe=not args.no_batch_probe, overlap=args.overlap, trace_dir=args.trace,
                              bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth) if args.bandwidth else None)
-    from trainfit.strategies import launch
-    from trainfit.strategies import process_group as pg
-
     launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: every rank profiles
     try:
         report = _profile(cfg, args, options)
@@ -67,12 +69,8 @@ def run(args) -> int:
     if report["rank"] != 0:  # rank 0 reports
         return 0
     if args.plot:
-        from trainfit.measure.profile_plot import plot_profile
-
         report["plot"] = plot_profile(report, args.plot)
     if args.report:
-        from trainfit.commands.report import save_and_report
-
         save_and_report(cfg.run_dir, "profile.json", report, report=True)
     if args.json:
         print(json.dumps(report))
@@ -82,19 +80,13 @@ def run(args) -> int:
 
 
 def _profile(cfg, args, options) -> dict:
-    from trainfit.measure.profile import profile
-    from trainfit.train import build_run
-
     strategy = None
     if args.device == "cuda":
-        import torch
-
-        from trainfit.strategies.base import Single
-
         if not torch.cuda.is_available():
             raise ConfigError("--device", "cuda", "cpu (no CUDA device is visible)")
-        if cfg.strategy != "single":
-            raise ConfigError("--device", "cuda", "only with strategy=single (distributed runs pick their device)")
+        if strategy_facts(cfg.strategy).distributed:
+            raise ConfigError("--device", "cuda", f"only with strategy={StrategyName.SINGLE} (distributed runs pick "
+                              "their device)")
         strategy = Single("cuda")
     return profile(build_run(cfg, strategy=strategy), options)
 

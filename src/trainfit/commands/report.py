@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+from trainfit.report import write_report
+from trainfit.report.data import read_docs
 
 
 def register(sub) -> None:
@@ -15,8 +19,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from trainfit.report import write_report
-
     path = write_report(args.run_dir, args.out)
     if args.json:
         print(json.dumps({"report": str(path)}))
@@ -36,10 +38,6 @@ def save_and_report(run_dir, name: str, doc, *, report: bool, keep_others: tuple
     With ``keep_others`` (e.g. the memory report's precision/checkpointing/strategy/batch), objects already in
     the file that differ in those keys are kept, so runs of several configurations make one bar each.
     """
-    from pathlib import Path
-
-    from trainfit.report.data import read_docs
-
     root = Path(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     docs = [doc]
@@ -53,6 +51,4 @@ def save_and_report(run_dir, name: str, doc, *, report: bool, keep_others: tuple
 
 
 def run_report(run_dir) -> None:
-    from trainfit.report import write_report
-
     print(f"report written to {write_report(run_dir)}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """``trainfit train``: run the configured job (the embedded default when given nothing).
 
 Under torchrun (``torchrun --nproc_per_node=N -m trainfit train ...``) each worker joins
-the process group first; ``--nproc N`` launches those N workers through torch's own
+the process group first; ``--devices N`` launches those N workers through torch's own
 launcher (``torch.distributed.run``). After an elastic restart (``--max-restarts``) the
 workers resume from the newest checkpoint by themselves.
 """
@@ -12,8 +12,18 @@ import json
 import sys
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from trainfit.checkpoint import list_checkpoints
 from trainfit.cli import add_run_flags, config_from_args
-from trainfit.errors import TrainfitError
+from trainfit.commands.report import run_report
+from trainfit.config import dump_toml
+from trainfit.errors import ConfigError, TrainfitError
+from trainfit.strategies import launch
+from trainfit.strategies import process_group as pg
+from trainfit.strategies.dist_checkpoint import has_checkpoints, list_dcp
+from trainfit.train import train
+from trainfit.vocabulary import DISTRIBUTED, strategy_facts
 
 
 def register(sub) -> None:
@@ -22,25 +32,20 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html (trainfit report)")
-    p.add_argument("--nproc", type=int, help="launch N processes on this machine with torch.distributed.run")
+    p.add_argument("--devices", "--nproc", dest="devices", type=int,
+                   help="launch N processes (one per device) on this machine with torch.distributed.run")
     p.add_argument("--max-restarts", type=int, default=0,
-                   help="with --nproc: restart all workers up to N times after a failure (they resume)")
+                   help="with --devices: restart all workers up to N times after a failure (they resume)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from trainfit.config import dump_toml
-    from trainfit.strategies import launch
-    from trainfit.strategies import process_group as pg
-
-    cfg = config_from_args(args, **({"nproc": args.nproc} if args.nproc else {}))
+    cfg = config_from_args(args, **({"devices": args.devices} if args.devices else {}))
     env = launch.torchrun_env()
-    if env is None and cfg.nproc > 1:
-        if cfg.strategy == "single":  # refuse before starting N processes that would each refuse
-            from trainfit.errors import ConfigError
-            from trainfit.strategies.compat import DISTRIBUTED
-
-            raise ConfigError("strategy", "single", DISTRIBUTED, f"--nproc {cfg.nproc} launches {cfg.nproc} processes")
+    if env is None and cfg.devices > 1:
+        if not strategy_facts(cfg.strategy).distributed:  # refuse before starting N processes that would each refuse
+            raise ConfigError("strategy", cfg.strategy, DISTRIBUTED,
+                              f"--devices {cfg.devices} launches {cfg.devices} processes")
         return _launch(cfg, args, dump_toml(cfg))
     resume = args.resume
     if env is not None:
@@ -54,58 +59,44 @@ def run(args) -> int:
     if summary is None:
         return 0
     if args.report:
-        from trainfit.commands.report import run_report
-
         run_report(cfg.run_dir)
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"{summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-              f"{summary['skipped_steps']} skipped, {summary['tokens_per_s']:,.0f} {summary['unit']}/s, "
+              f"{summary['skipped_steps']} skipped, {summary['items_per_s']:,.0f} {summary['unit']}/s, "
               f"effective batch {summary['effective_batch']} samples; run dir {summary['run_dir']}", file=sys.stderr)
     return 0
 
 
 def _train(cfg, resume: bool) -> dict | None:
     """Train; the summary on rank 0, None on the other ranks (only rank 0 reports)."""
-    from trainfit.strategies import process_group as pg
-    from trainfit.train import train
-
     summary = train(cfg, resume=resume, progress=True).to_dict()
     world = pg.current()
     return summary if world is None or world.rank == 0 else None
 
 
 def _has_checkpoints(run_dir: str) -> bool:
-    from trainfit.strategies.dist_checkpoint import has_checkpoints
-
     return has_checkpoints(run_dir)
 
 
 def _last_checkpoint(run_dir: str) -> str | None:
-    from trainfit.checkpoint import list_checkpoints
-    from trainfit.strategies.dist_checkpoint import list_dcp
-
     found = sorted([*list_dcp(run_dir), *list_checkpoints(run_dir)], key=lambda p: p.name)
     return str(found[-1]) if found else None
 
 
 def _launch(cfg, args, toml: str) -> int:
-    """Re-run this command in ``cfg.nproc`` workers; the resolved config travels as a TOML file."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from trainfit.strategies import launch
-
+    """Re-run this command in ``cfg.devices`` workers; the resolved config travels as a TOML file."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "launch.toml").write_text(toml)
     child = ["train", str(run_dir / "launch.toml"), *(["--resume"] if args.resume else []),
              *(["--json"] if args.json else [])]
     try:
-        launch.launch(cfg.nproc, child, max_restarts=args.max_restarts)
+        launch.launch(cfg.devices, child, max_restarts=args.max_restarts)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        raise TrainfitError(f"train --nproc {cfg.nproc}: worker rank {rank} failed with exit code "
+        raise TrainfitError(f"train --devices {cfg.devices}: worker rank {rank} failed with exit code "
                             f"{failure.exitcode} (its error is printed above); checkpoints in {run_dir / 'checkpoints'}"
                             ) from None
     return 0

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import torch.distributed as dist
+
 from trainfit.cli import add_run_flags, config_from_args
+from trainfit.commands.report import save_and_report
+from trainfit.probes.verify import verify
 
 EXIT_FAILED = 1
 """Exit status when the check ran and failed (2 stays for bad input)."""
@@ -36,18 +40,12 @@ def format_report(r: dict) -> str:
 
 
 def run(args) -> int:
-    from trainfit.verify import verify
-
     cfg = config_from_args(args)
     report = verify(cfg)
     d = report.to_dict()
-    import torch.distributed as dist
-
     # Under torchrun every rank computes the same report; print it once.
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(json.dumps(d) if args.json else format_report(d))
         if args.report:
-            from trainfit.commands.report import save_and_report
-
             save_and_report(cfg.run_dir, "verify.json", d, report=True)
     return 0 if report.passed else EXIT_FAILED

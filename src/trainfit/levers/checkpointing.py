@@ -1,6 +1,7 @@
 """Activation checkpointing: trade recompute for activation memory.
 
-Pure core: a policy (a small frozen dataclass per variant) and :func:`select_blocks`,
+Pure core: a policy (a small frozen dataclass per variant, a typed name of the vocabulary:
+:func:`trainfit.vocabulary.parse_checkpoint_policy`) and :func:`select_blocks`,
 which decides *which* modules to checkpoint. Thin torch shell: :func:`apply_checkpointing`
 replaces each chosen module's ``forward`` with a non-reentrant
 ``torch.utils.checkpoint.checkpoint`` call. Module structure and state-dict keys are
@@ -14,85 +15,21 @@ activations minus its input, which stays alive.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Sequence
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainfit.errors import ConfigError
-
-
-@dataclass(frozen=True, kw_only=True)
-class NoCheckpointing:
-    """Keep every activation (fastest, most memory)."""
-
-    @property
-    def spec(self) -> str:
-        return "none"
-
-
-@dataclass(frozen=True, kw_only=True)
-class EveryBlock:
-    """Checkpoint every repeated block of the model."""
-
-    @property
-    def spec(self) -> str:
-        return "full"
-
-
-@dataclass(frozen=True, kw_only=True)
-class EveryKthBlock:
-    """Selective: checkpoint every k-th block (blocks 0, k, 2k, ...)."""
-
-    k: int
-    """Stride between checkpointed blocks; k=1 is the same as full."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ConfigError("checkpointing", f"every:{self.k}", "every:K with an integer K >= 1")
-
-    @property
-    def spec(self) -> str:
-        return f"every:{self.k}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ByClassName:
-    """Checkpoint every module whose class name is listed (for any model)."""
-
-    names: tuple[str, ...]
-    """Module class names, e.g. ("LlamaDecoderLayer",)."""
-
-    def __post_init__(self) -> None:
-        if not self.names or not all(isinstance(n, str) and n for n in self.names):
-            raise ConfigError("checkpointing", self.spec, "class:Name[,Name...] with non-empty names")
-
-    @property
-    def spec(self) -> str:
-        return "class:" + ",".join(self.names)
-
-
-CheckpointPolicy = NoCheckpointing | EveryBlock | EveryKthBlock | ByClassName
-CHECKPOINT_SPECS = ("none", "full", "every:K", "class:Name[,Name]")
-
-
-def parse_checkpoint_policy(spec: str) -> CheckpointPolicy:
-    """Parse ``none``, ``full``, ``every:K`` or ``class:Name[,Name]``."""
-    s = str(spec).strip()
-    if s == "none":
-        return NoCheckpointing()
-    if s in ("full", "block", "every-block"):
-        return EveryBlock()
-    if s.startswith("every:"):
-        try:
-            k = int(s.split(":", 1)[1])
-        except ValueError:
-            raise ConfigError("checkpointing", spec, CHECKPOINT_SPECS) from None
-        return EveryKthBlock(k=k)
-    if s.startswith("class:"):
-        return ByClassName(names=tuple(n.strip() for n in s.split(":", 1)[1].split(",")))
-    raise ConfigError("checkpointing", spec, CHECKPOINT_SPECS)
+from trainfit.vocabulary import (
+    CHECKPOINT_SPECS,
+    ByClassName,
+    CheckpointPolicy,
+    EveryBlock,
+    EveryKthBlock,
+    NoCheckpointing,
+    parse_checkpoint_policy,
+)
 
 
 def select_blocks(policy: CheckpointPolicy, blocks: Sequence[str], all_modules: Sequence[tuple[str, str]]) -> list[str]:
@@ -144,3 +81,7 @@ def apply_checkpointing(model: nn.Module, policy: CheckpointPolicy, block_names:
         mod.forward = functools.partial(_checkpointed_forward, mod.forward)
         mod._trainfit_checkpointed = True
     return names
+
+
+__all__ = ["CHECKPOINT_SPECS", "ByClassName", "CheckpointPolicy", "EveryBlock", "EveryKthBlock", "NoCheckpointing",
+           "apply_checkpointing", "parse_checkpoint_policy", "select_blocks"]

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from trainfit.errors import ConfigError
+
 AllReduceMax = Callable[[torch.Tensor], None]
 """In-place all-reduce(MAX) of a one-element tensor; supplied by the strategy."""
 
@@ -36,8 +38,6 @@ class ScalerConfig:
     """Clean steps in a row before growing the scale."""
 
     def __post_init__(self) -> None:
-        from trainfit.errors import ConfigError
-
         if not self.init_scale > 0:
             raise ConfigError("init_scale", self.init_scale, "a number > 0")
         if not self.growth_factor > 1:

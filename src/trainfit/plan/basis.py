@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import math
 
-from trainfit.levers.checkpointing import EveryBlock, EveryKthBlock, NoCheckpointing, parse_checkpoint_policy
 from trainfit.plan.cost import Basis
 from trainfit.plan.shapes import TransformerShape
+from trainfit.vocabulary import (
+    EveryBlock,
+    EveryKthBlock,
+    NoCheckpointing,
+    Optimizer,
+    parse_checkpoint_policy,
+    precision_facts,
+)
 
-# precision -> (stored weight bytes, grad bytes, fp32 master bytes, compute bytes) per parameter.
-PRECISION_BYTES: dict[str, tuple[int, int, int, int]] = {
-    "fp32": (4, 4, 0, 4),
-    "bf16-mixed": (4, 4, 0, 2),  # autocast casts per op: weights, grads, state stay fp32
-    "fp16-mixed": (4, 4, 0, 2),
-    "bf16-true": (2, 2, 4, 2),  # half weights + fp32 master (Micikevicius et al. 2018)
-    "fp16-true": (2, 2, 4, 2),
-}
-OPTIMIZER_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
+OPTIMIZER_BYTES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4}
 """Optimizer state bytes per parameter: Adam's two fp32 moments; SGD's momentum."""
 
 
@@ -43,7 +42,7 @@ def checkpointed_blocks(spec: str, n_layer: int) -> int:
 def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: str, seq_len: int,
                    optimizer: str = "adamw") -> Basis:
     """Memory and FLOPs of a transformer step from its shape (per sample of ``seq_len`` tokens)."""
-    w, g, master, cb = PRECISION_BYTES[precision]
+    w, g, master, cb = precision_facts(precision).bytes_per_param  # (weights, grads, master, compute) bytes
     rb = 4 if w == 4 else 2  # residual stream dtype: the weights' (autocast keeps it fp32)
     n, s, d, V = shape.n_params, seq_len, shape.d_model, shape.vocab_size
     resid, mm = shape.saved_elems_per_token()
@@ -104,7 +103,7 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
         (q1, q2) = acc_reports
         acc_ps = (extra(q2) - extra(q1)) / (q2.batch - q1.batch)
         acc_fixed = extra(q2) - acc_ps * q2.batch
-    _, _, _, cb = PRECISION_BYTES[r2.precision]
+    _, _, _, cb = precision_facts(r2.precision).bytes_per_param
     return Basis(
         precision=r2.precision, checkpointing=r2.checkpointing, n_params=r2.n_params, n_blocks=n_blocks,
         params_bytes=r2.params_bytes, grads_bytes=r2.grads_bytes, grads_at_peak_bytes=g2,

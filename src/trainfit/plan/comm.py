@@ -2,7 +2,7 @@
 
 How many bytes each device sends per optimizer step under each strategy, and what that
 does to step time, speed-up and efficiency on ``n`` devices. Each strategy is one row of
-:data:`TRAFFIC` with the formula's source. Used by ``trainfit profile`` (scale-out advice)
+the vocabulary's strategy row (its collectives, formula and source). Used by ``trainfit profile`` (scale-out advice)
 and by the planner.
 
 Model (weak scaling: every device keeps its micro-batch, the global batch grows with n)::
@@ -18,7 +18,7 @@ Model (weak scaling: every device keeps its micro-batch, the global batch grows 
 The collectives are counted as the libraries issue them (:func:`collective_calls`): one
 all-reduce per DDP bucket, one broadcast per parameter under ZeroRedundancyOptimizer, one
 all-gather / reduce-scatter per FSDP2 unit and micro-batch; each call pays its ring steps of
-latency. Without ``calls``, one call per row of :data:`TRAFFIC` (the textbook volume).
+latency. Without ``calls``, one call per collective of the strategy's row (the textbook volume).
 
 A ring collective over n devices runs n-1 steps, each moving 1/n of the buffer per device
 (Patarasuk & Yuan 2009): reduce-scatter and all-gather send (n-1)/n x B bytes each, an
@@ -27,60 +27,13 @@ all-reduce (= reduce-scatter + all-gather) sends 2(n-1)/n x B.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
-from typing import Literal
+from dataclasses import dataclass
 
-Strategy = Literal["ddp", "zero1", "zero2", "zero3"]
-STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3")
+from trainfit.vocabulary import STRATEGIES, strategy_facts
 
-RING_SOURCE = ("P. Patarasuk, X. Yuan, 'Bandwidth optimal all-reduce algorithms for clusters of workstations', "
-               "J. Parallel Distrib. Comput. 69(2), 2009: ring all-reduce sends 2(n-1)/n x B per device")
-ZERO_SOURCE = ("S. Rajbhandari et al., 'ZeRO: Memory Optimizations Toward Training Trillion Parameter Models', "
-               "SC20, sec. 7 (communication analysis)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Collective:
-    """One ring collective of a step."""
-
-    op: Literal["all_reduce", "reduce_scatter", "all_gather"]
-    """The collective."""
-    of: Literal["grads", "params"]
-    """Which buffer it moves (gradient bytes or parameter bytes)."""
-    times: Literal["once", "per_micro_batch"]
-    """Once per optimizer step, or once per micro-batch (ZeRO-3 gathers freed parameters again)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrafficRow:
-    strategy: str
-    collectives: tuple[Collective, ...]
-    """The collectives of one optimizer step, in order."""
-    formula: str
-    """Bytes sent per device per step, with G = gradient bytes and P = parameter bytes."""
-    source: str
-    """Where the formula comes from."""
-
-
-_AR = Collective(op="all_reduce", of="grads", times="once")
-_RS = Collective(op="reduce_scatter", of="grads", times="once")
-_AG = Collective(op="all_gather", of="params", times="once")
-_AG_MB = Collective(op="all_gather", of="params", times="per_micro_batch")  # ZeRO-3 frees params after use
-
-TRAFFIC: dict[str, TrafficRow] = {
-    "ddp": TrafficRow(strategy="ddp", collectives=(_AR,), formula="2(n-1)/n x G",
-                      source=RING_SOURCE + "; PyTorch DDP all-reduces gradient buckets once per step"),
-    "zero1": TrafficRow(strategy="zero1", collectives=(_RS, _AG), formula="(n-1)/n x G + (n-1)/n x P",
-                        source=ZERO_SOURCE + ": stage 1/2 = reduce-scatter grads + all-gather updated params, "
-                        "same volume as DDP (2 psi)"),
-    "zero2": TrafficRow(strategy="zero2", collectives=(_RS, _AG), formula="(n-1)/n x G + (n-1)/n x P",
-                        source=ZERO_SOURCE + ": stage 2 = stage 1 traffic (2 psi)"),
-    "zero3": TrafficRow(strategy="zero3", collectives=(_AG_MB, _RS, _AG_MB),
-                        formula="2K x (n-1)/n x P + (n-1)/n x G  (K micro-batches; K=1: ~1.5x DDP)",
-                        source=ZERO_SOURCE + ": stage 3 all-gathers params in forward and again in backward, "
-                        "reduce-scatters grads: 3 psi = 1.5x DDP; the gathers repeat for every micro-batch"),
-}
+DISTRIBUTED = tuple(s.name for s in STRATEGIES.values() if s.distributed)
+"""The strategies the comm model prices (the single-device one sends nothing)."""
 
 
 def _ring_factor(op: str, n: int) -> float:
@@ -92,8 +45,8 @@ def _ring_steps(op: str, n: int) -> int:
 
 
 def _check(n: int, grad_bytes: float, param_bytes: float, accumulation: int, strategy: str) -> None:
-    if strategy not in TRAFFIC:
-        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(STRATEGIES)}")
+    if strategy not in DISTRIBUTED:
+        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(DISTRIBUTED)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} is not valid; allowed: an integer >= 1 (devices)")
     if grad_bytes < 0 or param_bytes < 0:
@@ -102,7 +55,7 @@ def _check(n: int, grad_bytes: float, param_bytes: float, accumulation: int, str
         raise ValueError(f"accumulation={accumulation!r} is not valid; allowed: an integer >= 1")
 
 
-def _times(c: Collective, accumulation: int, per_micro_batch: bool) -> int:
+def _times(c, accumulation: int, per_micro_batch: bool) -> int:
     if c.times == "per_micro_batch":
         return accumulation
     # ZeRO-2/3 with per-micro-batch sync reduce-scatter gradients every micro-batch.
@@ -114,7 +67,7 @@ def bytes_per_step(strategy: str, *, n: int, grad_bytes: float, param_bytes: flo
     """Bytes each device sends per optimizer step (0 for n = 1).
 
     Args:
-        strategy: ddp, zero1, zero2 or zero3.
+        strategy: a distributed strategy (:data:`DISTRIBUTED`).
         n: number of devices.
         grad_bytes: bytes of all gradients as communicated (e.g. 4 x parameters for fp32 grads).
         param_bytes: bytes of all parameters as gathered (defaults to ``grad_bytes``).
@@ -125,9 +78,10 @@ def bytes_per_step(strategy: str, *, n: int, grad_bytes: float, param_bytes: flo
     """
     param_bytes = grad_bytes if param_bytes is None else param_bytes
     _check(n, grad_bytes, param_bytes, accumulation, strategy)
-    per_mb = per_micro_batch and strategy in ("zero2", "zero3")
+    facts = strategy_facts(strategy)
+    per_mb = per_micro_batch and facts.fsdp
     total = 0.0
-    for c in TRAFFIC[strategy].collectives:
+    for c in facts.collectives:
         size = grad_bytes if c.of == "grads" else param_bytes
         total += _times(c, accumulation, per_mb) * _ring_factor(c.op, n) * size
     return total
@@ -141,7 +95,7 @@ def comm_seconds(strategy: str, *, n: int, grad_bytes: float, bandwidth_bytes_pe
     ``bandwidth_bytes_per_s`` is what one device can send while receiving as much (the
     unidirectional link bandwidth of the ring's slowest hop). ``calls``: the step's real
     collective calls (:func:`collective_calls`, small all-reduces left out here); without it,
-    one call per collective of the strategy's :data:`TRAFFIC` row.
+    one call per collective of the strategy's row.
     """
     if not bandwidth_bytes_per_s > 0:
         raise ValueError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s!r}: must be > 0")
@@ -149,11 +103,12 @@ def comm_seconds(strategy: str, *, n: int, grad_bytes: float, bandwidth_bytes_pe
         raise ValueError(f"latency_s={latency_s!r}: must be >= 0")
     param_bytes = grad_bytes if param_bytes is None else param_bytes
     _check(n, grad_bytes, param_bytes, accumulation, strategy)
-    per_mb = per_micro_batch and strategy in ("zero2", "zero3")
+    facts = strategy_facts(strategy)
+    per_mb = per_micro_batch and facts.fsdp
     if calls is not None:
         steps = calls.ring_steps(n, small=False)
     else:
-        steps = sum(_times(c, accumulation, per_mb) * _ring_steps(c.op, n) for c in TRAFFIC[strategy].collectives)
+        steps = sum(_times(c, accumulation, per_mb) * _ring_steps(c.op, n) for c in facts.collectives)
     sent = bytes_per_step(strategy, n=n, grad_bytes=grad_bytes, param_bytes=param_bytes,
                           accumulation=accumulation, per_micro_batch=per_micro_batch)
     return steps * latency_s + sent / bandwidth_bytes_per_s
@@ -224,20 +179,21 @@ def collective_calls(strategy: str, *, grad_bytes: float, n_param_tensors: int, 
         grad_clip: the engine clips the global gradient norm (default config: yes).
         loss_scaling: fp16 dynamic loss scaling (an overflow-flag all-reduce per step).
     """
-    if strategy not in TRAFFIC:
-        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(STRATEGIES)}")
+    if strategy not in DISTRIBUTED:
+        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(DISTRIBUTED)}")
     if accumulation < 1 or n_param_tensors < 0 or fsdp_units < 0 or grad_bytes < 0:
         raise ValueError(f"accumulation={accumulation!r}, n_param_tensors={n_param_tensors!r}, "
                          f"fsdp_units={fsdp_units!r}, grad_bytes={grad_bytes!r}: need accumulation >= 1, rest >= 0")
     # engine.optimizer_step: one all-reduce of the window's token count (AccumulationWindow) and one
     # of the summed loss, every strategy; the fp16 scaler all-reduces its overflow flag (MAX).
     small = 2 + int(loss_scaling)
-    if strategy in ("ddp", "zero1"):
+    facts = strategy_facts(strategy)
+    if not facts.fsdp:
         # DDP: gradients all-reduced bucket by bucket in the last micro-batch's backward (no_sync
         # before it); the planner's rules allow per-micro-batch sync only for zero2/zero3. Replicated
         # gradients need no all-reduce for the clip norm (strategies/ddp.py clip_grad_norm).
         calls = Calls(all_reduce=ddp_buckets(grad_bytes), small_all_reduce=small)
-        if strategy == "zero1":
+        if facts.shards_optimizer_by_parameter:
             # ZeroRedundancyOptimizer.step -> _sync_params -> _broadcast_params_from_rank(r) for every
             # rank r: with parameters_as_bucket_view=False (the default, which trainfit keeps) one
             # async broadcast per parameter of r's partition, i.e. one per parameter tensor in all.
@@ -250,7 +206,7 @@ def collective_calls(strategy: str, *, grad_bytes: float, n_param_tensors: int, 
     # under the auto default) frees after forward and gathers again in backward. The reduce-scatter
     # runs in every backward that syncs: the last only (set_requires_gradient_sync(False) before it)
     # or every micro-batch. Sharded gradients need one all-reduce for the global clip norm.
-    gathers_per_mb = fsdp_units * (2 if strategy == "zero3" else 1)
+    gathers_per_mb = fsdp_units * (2 if facts.reshard_after_forward else 1)
     scatters = fsdp_units * (accumulation if per_micro_batch else 1)
     return Calls(all_gather=gathers_per_mb * accumulation, reduce_scatter=scatters,
                  small_all_reduce=small + int(grad_clip))
@@ -314,7 +270,7 @@ def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandw
         small_all_reduces: latency-bound all-reduces of a few bytes per step (token count, loss,
             overflow flag), each 2(n-1) x ``latency_s``, never hidden behind compute.
         calls: the step's real collective calls (:func:`collective_calls`), each paying its ring
-            steps of latency; without it one call per collective of the strategy's TRAFFIC row.
+            steps of latency; without it one call per collective of the strategy's row.
     """
     if not compute_s > 0:
         raise ValueError(f"compute_s={compute_s!r}: must be > 0 (a measured step time)")
@@ -333,12 +289,7 @@ def predict(strategy: str, *, n: int, compute_s: float, grad_bytes: float, bandw
     speedup = n * compute_s / step
     return ScalePoint(n=n, comm_bytes=sent, comm_s=comm, exposed_comm_s=exposed, straggler_s=straggler_s,
                       step_s=step, speedup=speedup,
-                      efficiency=speedup / n, source=TRAFFIC[strategy].source)
-
-
-def scaling_curve(strategy: str, *, ns: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), **kw) -> list[ScalePoint]:
-    """:func:`predict` for each device count in ``ns``."""
-    return [predict(strategy, n=n, **kw) for n in ns]
+                      efficiency=speedup / n, source=strategy_facts(strategy).traffic_source)
 
 
 def comm_dominates_beyond(strategy: str, *, max_n: int = 65536, **kw) -> int | None:

@@ -4,7 +4,7 @@ Memory comes from a :class:`Basis` -- the model's parts for one (precision, chec
 pair on one device, from the memory estimator or from the shape -- scaled analytically:
 
     model state   params, grads, optimizer: divided by the data-parallel degree n where the
-                  strategy shards them (table :data:`SHARDING`), plus what the strategy keeps
+                  strategy shards them (its vocabulary row's ``shards``), plus what the strategy keeps
                   unsharded (DDP's gradient buckets, FSDP's gathered compute copies)
     activations   fixed + per_sample x micro_batch        (linear in the micro-batch)
     temporaries   fixed + per_sample x micro_batch        (live at the peak besides the above)
@@ -21,19 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainfit.plan import comm
-
-# Which model-state parts each strategy divides by n, and where the rule comes from.
-SHARDING: dict[str, tuple[tuple[str, ...], str]] = {
-    "single": ((), "one device holds everything"),
-    "ddp": ((), "DDP replicates params, grads, optimizer state; its flat buckets hold a second copy of the grads "
-                "(PyTorch DDP, gradient_as_bucket_view=False)"),
-    "zero1": (("optimizer",), "ZeRO stage 1 (Rajbhandari et al., SC20): optimizer state / n; trainfit's zero1 is "
-                              "DDP + ZeroRedundancyOptimizer, so DDP's bucket copy of the gradients stays"),
-    "zero2": (("optimizer", "grads"), "ZeRO stage 2: + gradients / n (FSDP2, reshard_after_forward=False keeps "
-                                      "the gathered compute copy of the params between forward and backward)"),
-    "zero3": (("optimizer", "grads", "params"), "ZeRO stage 3: + params / n (FSDP2 gathers a unit at a time; at "
-                                                "the activation peak at most the largest unit is whole)"),
-}
+from trainfit.vocabulary import PRECISIONS, GradSync, PrecisionName, precision_facts, strategy_facts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +102,8 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     ``act_basis``: where activations and temporaries come from when the strategy computes in
     another way than the precision alone would (see :func:`activation_precision`); default ``b``.
     """
-    sharded, _ = SHARDING[c.strategy]
+    facts = strategy_facts(c.strategy)
+    sharded = facts.shards
     n = c.n
     params, opt = b.params_bytes, b.optimizer_bytes
     unit_params = b.max_unit_params or b.n_params / max(b.n_blocks, 1)
@@ -123,7 +112,7 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
         opt /= n
 
     def per_device_grads(whole: float) -> float:
-        if c.strategy in ("ddp", "zero1"):
+        if facts.distributed and not facts.fsdp:
             return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
         # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
         if "grads" not in sharded:
@@ -131,16 +120,16 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
         # With several micro-batches FSDP2 under a half compute dtype also holds whole gradients in that
         # dtype (measured on 2 gloo ranks: + n_params x 2 bytes, deferred or per-micro-batch; not in fp32).
         half_extra = b.n_params * b.compute_bytes_per_param if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0
-        if c.accumulation > 1 and c.grad_sync == "deferred":
+        if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
             return whole + half_extra  # deferred sync keeps whole, unsharded gradients across the window
         return whole / n + half_extra
 
     # With one micro-batch only the gradients produced so far are live at the backward peak.
     grads = per_device_grads(b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes)
     step_grads = per_device_grads(b.grads_bytes)
-    if c.strategy == "zero2":
+    if facts.fsdp and not facts.reshard_after_forward:
         params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
-    if c.strategy == "zero3":
+    if facts.fsdp and facts.reshard_after_forward:
         # The peak is where activations peak: the loss at the end of forward / the start of backward.
         # There FSDP2 (reshard_after_forward=True) has freed every forward unit and re-gathers at most
         # one (the root for the head's backward, or the last block) -- measured on 2 gloo ranks for GPT
@@ -165,8 +154,9 @@ def activation_precision(strategy: str, precision: str) -> str:
     (no fp32 residual stream, no autocast copies) -- measured on 2 gloo ranks, see
     benchmarks/results/planner_accuracy_dist.md.
     """
-    if strategy in ("zero2", "zero3") and precision.endswith("-mixed"):
-        return precision.replace("-mixed", "-true")
+    p = precision_facts(precision)
+    if strategy_facts(strategy).fsdp and p.autocast:
+        return next(q.name for q in PRECISIONS.values() if q.master_copy and q.compute == p.compute)
     return precision
 
 
@@ -222,7 +212,7 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
     recompute = (b.hardware_flops_per_sample - b.model_flops_per_sample) * samples / links.flops_per_s
     comm_s = small_s = overhead = 0.0
-    if c.n > 1 and c.strategy in comm.TRAFFIC:
+    if c.n > 1 and c.strategy in comm.DISTRIBUTED:
         overhead = links.dist_overhead_s(c.strategy, c.grad_sync, c.accumulation)
         per_mb = c.grad_sync == "per-micro-batch"
         # The real calls (per DDP bucket, per FSDP unit = each block + the root, per parameter under
@@ -243,12 +233,13 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
                 scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead)
 
 
-PER_STEP_ONLY = ("ddp", "zero1")
-"""Strategies whose deferred-sync overhead :func:`fit_dist_overhead` fits per step only."""
+def _per_step_only(strategy: str) -> bool:
+    """DDP-based strategies: their deferred-sync overhead :func:`fit_dist_overhead` fits per step only."""
+    return not strategy_facts(strategy).fsdp
 
 
 def fit_dist_overhead(b: Basis, links: Links, *, n: int, measured: dict[tuple[str, str, int, int], float],
-                      precision: str = "fp32") -> tuple[tuple[str, str, float, float], ...]:
+                      precision: str = PrecisionName.FP32) -> tuple[tuple[str, str, float, float], ...]:
     """``Links.dist_overhead`` rows from measured multi-device steps.
 
     ``measured`` maps ``(strategy, grad_sync, micro_batch, accumulation)`` to a measured step (s) on
@@ -273,7 +264,7 @@ def fit_dist_overhead(b: Basis, links: Links, *, n: int, measured: dict[tuple[st
         xs = sorted(by_acc)
         ys = [by_acc[a][1] for a in xs]
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        if s in PER_STEP_ONLY and sync == "deferred":
+        if _per_step_only(s) and sync == GradSync.DEFERRED:
             rows.append((s, sync, my, 0.0))
             continue
         per_mb = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)

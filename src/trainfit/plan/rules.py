@@ -2,7 +2,7 @@
 
 Every candidate the planner enumerates is checked against every row; a candidate that
 breaks a row is not ranked, and the row's reason is reported. Rows the strategies enforce
-at run time (``strategies.compat``) are imported, not restated, so plan and run agree.
+at run time (``vocabulary.refusal``) are read from the same rows, not restated, so plan and run agree.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainfit.plan.cost import Candidate
-from trainfit.strategies.compat import UNSUPPORTED
+from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync, precision_facts, refusal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,29 +35,36 @@ class Rule:
 
 
 def _strategy_precision_rows() -> list[Rule]:
+    pairs = [(s, p, refusal(s, p)) for s in STRATEGIES for p in PRECISIONS]
     return [Rule(lever=f"strategy={s} + precision={p}", requirement="not combined", reason=why,
                  applies=lambda c, s=s, p=p: c.strategy == s and c.precision == p, holds=lambda c, x: False)
-            for (s, p), why in UNSUPPORTED.items()]
+            for s, p, why in pairs if why]
+
+
+_SINGLE = [s.name for s in STRATEGIES.values() if not s.distributed]
+_DIST = [s.name for s in STRATEGIES.values() if s.distributed]
+_PER_MB = [s.name for s in STRATEGIES.values() if GradSync.PER_MICRO_BATCH in s.grad_sync_choices]
 
 
 RULES: tuple[Rule, ...] = (
-    Rule(lever="strategy=single", requirement="exactly 1 device",
-         reason="single runs on one device; with more devices use ddp or zero1-3",
-         applies=lambda c: c.strategy == "single", holds=lambda c, x: x.devices == 1),
-    Rule(lever="strategy=ddp|zero1|zero2|zero3", requirement="at least 2 devices",
+    Rule(lever=f"strategy={'|'.join(_SINGLE)}", requirement="exactly 1 device",
+         reason=f"{' / '.join(_SINGLE)} runs on one device; with more devices use {', '.join(_DIST)}",
+         applies=lambda c: c.strategy in _SINGLE, holds=lambda c, x: x.devices == 1),
+    Rule(lever=f"strategy={'|'.join(_DIST)}", requirement="at least 2 devices",
          reason="data parallelism needs devices to replicate or shard across",
-         applies=lambda c: c.strategy != "single", holds=lambda c, x: x.devices >= 2),
+         applies=lambda c: c.strategy in _DIST, holds=lambda c, x: x.devices >= 2),
     Rule(lever="precision=bf16-*", requirement="the device has bf16 arithmetic",
          reason="bf16 needs hardware support (e.g. not on V100 or T4)",
-         applies=lambda c: c.precision.startswith("bf16"), holds=lambda c, x: "bf16" in x.dtypes),
+         applies=lambda c: precision_facts(c.precision).compute == "bf16", holds=lambda c, x: "bf16" in x.dtypes),
     Rule(lever="precision=fp16-*", requirement="the device has fp16 arithmetic",
          reason="fp16 needs hardware support",
-         applies=lambda c: c.precision.startswith("fp16"), holds=lambda c, x: "fp16" in x.dtypes),
-    Rule(lever="grad_sync=per-micro-batch", requirement="strategy zero2 or zero3 and accumulation > 1",
+         applies=lambda c: precision_facts(c.precision).compute == "fp16", holds=lambda c, x: "fp16" in x.dtypes),
+    Rule(lever=f"grad_sync={GradSync.PER_MICRO_BATCH}", requirement=f"strategy {' or '.join(_PER_MB)} and "
+                                                                   "accumulation > 1",
          reason="only sharded gradients accumulated over several micro-batches can sync per micro-batch; "
                 "elsewhere it is the same run as deferred",
-         applies=lambda c: c.grad_sync == "per-micro-batch",
-         holds=lambda c, x: c.strategy in ("zero2", "zero3") and c.accumulation > 1),
+         applies=lambda c: c.grad_sync == GradSync.PER_MICRO_BATCH,
+         holds=lambda c, x: c.strategy in _PER_MB and c.accumulation > 1),
     *_strategy_precision_rows(),
 )
 

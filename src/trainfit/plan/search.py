@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.plan.cost import Basis, Candidate, Links, activation_precision, memory, step_time
 from trainfit.plan.rules import Context, broken_rules
+from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync
 
-PRECISION_CHOICES = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp16-true")
-STRATEGY_CHOICES = ("single", "ddp", "zero1", "zero2", "zero3")
+PRECISION_CHOICES = tuple(PRECISIONS)
+STRATEGY_CHOICES = tuple(STRATEGIES)
 CHECKPOINT_CHOICES = ("none", "every:2", "full")
-GRAD_SYNC_CHOICES = ("deferred", "per-micro-batch")
+GRAD_SYNC_CHOICES = tuple(GradSync)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,8 +3,8 @@
 For models far too large to trace on this machine (a 70B Llama on 1,024 H100s) the planner
 needs parameter counts, activation bytes and FLOPs from the *shape* alone. Two families:
 the built-in GPT (``trainfit.tasks.gpt``) and Llama (``hf:LlamaForCausalLM`` with
-``key=value`` config overrides). ``llama-7b`` and ``llama-70b`` are shorthands that
-``--write`` expands into the ``hf:LlamaForCausalLM`` spec ``trainfit train`` builds.
+``key=value`` config overrides); the presets (``trainfit.presets``: ``gpt-*``, ``llama-7b``,
+``llama-70b``) are the same names every command builds.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfit.errors import ConfigError
+from trainfit.presets import GPT_PRESETS, resolve_model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,22 +88,6 @@ class TransformerShape:
     def block_forward_flops_per_token(self, seq_len: int) -> float:
         return 2.0 * self.block_params + 4.0 * seq_len * self.d_model
 
-    def to_model_config(self) -> str:
-        if self.family == "gpt":
-            return (f"vocab_size={self.vocab_size},n_layer={self.n_layer},d_model={self.d_model},"
-                    f"n_head={self.n_head},mlp_ratio={self.d_ff // self.d_model}")
-        return (f"vocab_size={self.vocab_size},num_hidden_layers={self.n_layer},hidden_size={self.d_model},"
-                f"num_attention_heads={self.n_head},num_key_value_heads={self.n_kv_head},"
-                f"intermediate_size={self.d_ff}")
-
-
-# Llama 2 7B (Touvron et al. 2023, table 1 / HF config) and Llama 3 70B (Meta's HF config: GQA, 8 KV heads).
-PLAN_PRESETS: dict[str, tuple[str, TransformerShape]] = {
-    "llama-7b": ("hf:LlamaForCausalLM", TransformerShape(family="llama", vocab_size=32000, n_layer=32, d_model=4096,
-                                                         n_head=32, n_kv_head=32, d_ff=11008)),
-    "llama-70b": ("hf:LlamaForCausalLM", TransformerShape(family="llama", vocab_size=128256, n_layer=80,
-                                                          d_model=8192, n_head=64, n_kv_head=8, d_ff=28672)),
-}
 
 _HF_KEYS = {"vocab_size": "vocab_size", "num_hidden_layers": "n_layer", "hidden_size": "d_model",
             "num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head", "intermediate_size": "d_ff"}
@@ -122,10 +107,7 @@ def _kv(text: str) -> dict[str, int]:
 
 def shape_of(model: str, model_config: str = "", *, seq_len: int = 0) -> TransformerShape | None:
     """The analytic shape of ``model`` or None when the planner cannot cost it from its shape."""
-    if model in PLAN_PRESETS:
-        return PLAN_PRESETS[model][1]
-    from trainfit.tasks.gpt import GPT_PRESETS  # a table of dataclasses, no model is built
-
+    model, model_config = resolve_model(model, model_config)
     if model in GPT_PRESETS:
         base = GPT_PRESETS[model].__dict__ | _kv(model_config)
         return TransformerShape(family="gpt", vocab_size=base["vocab_size"], n_layer=base["n_layer"],
@@ -141,8 +123,5 @@ def shape_of(model: str, model_config: str = "", *, seq_len: int = 0) -> Transfo
 
 
 def run_spec(model: str, model_config: str) -> tuple[str, str]:
-    """(model, model_config) that ``trainfit train`` builds for a planning name."""
-    if model in PLAN_PRESETS:
-        spec, shape = PLAN_PRESETS[model]
-        return spec, shape.to_model_config()
-    return model, model_config
+    """(model, model_config) that ``trainfit train`` builds for a planning name (presets expanded)."""
+    return resolve_model(model, model_config)

@@ -13,8 +13,16 @@ from pathlib import Path
 
 from trainfit.errors import ConfigError
 from trainfit.report import plots
-from trainfit.report.data import (REPORT, RunArtifacts, advice_items, load_run, memory_label, memory_parts,
-                                  plan_rows, time_parts)
+from trainfit.report.data import (
+    REPORT,
+    RunArtifacts,
+    advice_items,
+    load_run,
+    memory_label,
+    memory_parts,
+    plan_rows,
+    time_parts,
+)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;

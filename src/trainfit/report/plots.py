@@ -1,35 +1,38 @@
-"""The report's charts, drawn with matplotlib (Agg, no display) and returned as PNG bytes.
+"""Every chart trainfit draws, with matplotlib (Agg, no display): the one module that plots.
 
-Each function takes the plain series from :mod:`trainfit.report.data` and returns one PNG; the
-HTML embeds it as base64, so the page needs no network and no files beside it.
+The report's charts take the plain series from :mod:`trainfit.report.data` and return PNG bytes
+(the HTML embeds them as base64, so the page needs no network and no files beside it);
+``plot_memory`` and ``plot_profile`` write the ``--plot FILE.png`` pictures of ``memory`` and
+``profile``. One colour per part, kept across every chart.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 from trainfit.errors import ConfigError
 from trainfit.report.data import LossSeries
+from trainfit.results import MemoryReport
+from trainfit.units import fmt_bytes
+from trainfit.vocabulary import PART_LABELS, PARTS
 
 COLORS = {  # one colour per part, kept across charts
     "params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52",
     "temporaries": "#8172B3", "data_wait": "#937860", "h2d": "#DA8BC3", "forward": "#4C72B0",
-    "backward": "#DD8452", "comm_exposed": "#C44E52", "optimizer_t": "#55A868", "rest": "#8C8C8C",
+    "backward": "#DD8452", "comm_exposed": "#C44E52", "rest": "#8C8C8C",
 }
 SIZE_IN = (7.5, 3.2)
 DPI = 100
 
 
 def _plt():
-    try:
-        import matplotlib
+    import matplotlib  # a core dependency; imported only when a chart is drawn (it costs ~0.3 s)
 
-        matplotlib.use("Agg")  # no display needed; must precede pyplot
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("report", "matplotlib", "matplotlib installed",
-                          "pip install 'trainfit[plot]' (matplotlib draws the charts)") from None
+    matplotlib.use("Agg")  # no display needed; must precede pyplot
+    import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -104,7 +107,7 @@ def time_png(labels: list[str], parts: list[dict[str, float]]) -> bytes:
     left = [0.0] * len(labels)
     for name in names:
         vals = [p.get(name, 0.0) * 1e3 for p in parts]
-        color = COLORS["optimizer_t"] if name == "optimizer" else COLORS.get(name)
+        color = COLORS.get(name)
         ax.barh(labels, vals, left=left, color=color, label=name)
         left = [a + b for a, b in zip(left, vals)]
     ax.invert_yaxis()
@@ -112,3 +115,84 @@ def time_png(labels: list[str], parts: list[dict[str, float]]) -> bytes:
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return _png(fig)
+
+
+def plot_memory(report: MemoryReport, path: str | Path, *, budget_bytes: int | None = None) -> Path:
+    """Write the plot to ``path`` (PNG) and return it."""
+    plt = _plt()
+    phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
+    unit, scale = ("GiB", 2**30) if report.peak_bytes >= 2**30 else ("MiB", 2**20)
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    bottoms = [0.0] * len(phases)
+    for part in PARTS:
+        vals = [report.phases[ph].get(part, 0) / scale for ph in phases]
+        ax.bar(phases, vals, bottom=bottoms, color=COLORS[part], label=PART_LABELS[part], width=0.6)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    for i, ph in enumerate(phases):
+        ax.text(i, bottoms[i], fmt_bytes(report.phases[ph]["peak"]), ha="center", va="bottom", fontsize=9)
+    if budget_bytes:
+        ax.axhline(budget_bytes / scale, color="black", linestyle="--", linewidth=1)
+        ax.text(len(phases) - 0.5, budget_bytes / scale, f" budget {fmt_bytes(budget_bytes)}", va="bottom",
+                ha="right", fontsize=8)
+    ax.set_ylabel(f"live memory at the phase's peak ({unit})")
+    ax.set_title(f"{report.model} - {report.precision}, checkpointing={report.checkpointing}, "
+                 f"micro-batch {report.batch} ({report.method})", fontsize=10)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
+    ax.set_ylim(0, max(bottoms + [budget_bytes / scale if budget_bytes else 0]) * 1.15)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+_PARTS = (("data_wait_s", "data wait"), ("h2d_s", "host-to-device"), ("forward_s", "forward"),
+          ("backward_s", "backward"), ("optimizer_s", "optimizer"), ("comm_exposed_s", "exposed comm"),
+          ("rest_s", "rest"))
+
+
+def check_plot_path(path: str) -> None:
+    if not str(path).lower().endswith(".png"):
+        raise ConfigError("--plot", path, "a file name ending in .png")
+
+
+def plot_profile(report: dict, path: str) -> str:
+    """Write a two-panel PNG to ``path``; returns the path.
+
+    Raises:
+        ConfigError: ``path`` does not end in .png.
+    """
+    check_plot_path(path)
+    plt = _plt()
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bottom = 0.0
+    for key, label in _PARTS:
+        ms = report[key] * 1e3
+        ax1.bar(["step"], [ms], bottom=bottom, color=COLORS.get(key.removesuffix("_s")), label=f"{label} {ms:,.1f} ms")
+        bottom += ms
+    ax1.set_ylabel("median time per optimizer step (ms)")
+    ax1.set_title(f"bottleneck: {report['bottleneck']}")
+    ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+    sc = report.get("scaling") or {}
+    curves = sc.get("curves") or {}
+    if curves:
+        top = max(p["n"] for c in curves.values() for p in c["points"])
+        ax2.plot([1, top], [1, top], "k--", label="ideal")
+        for name, c in curves.items():
+            ax2.plot([p["n"] for p in c["points"]], [p["speedup"] for p in c["points"]], marker="o", label=name)
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log", base=2)
+        ax2.set_xlabel("devices")
+        ax2.set_ylabel("predicted speed-up")
+        ax2.set_title(f"{sc['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s link", fontsize=9)
+        ax2.legend(fontsize=8)
+    else:
+        ax2.text(0.5, 0.5, "no scale-out prediction:\n" + str(sc.get("bandwidth_source", "")), ha="center",
+                 va="center", wrap=True, fontsize=8)
+        ax2.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -1,44 +1,45 @@
-"""Parallelism strategies: single, ddp, zero1, zero2, zero3."""
+"""Parallelism strategies, one module each: single, ddp (+ zero1), zero (zero2, zero3 on FSDP2).
+
+Which class a name builds follows from its row in :data:`trainfit.vocabulary.STRATEGIES`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 from trainfit.errors import ConfigError
-from trainfit.strategies.base import Single, Strategy
-from trainfit.strategies.compat import DISTRIBUTED, check_precision, resolve_accumulation
+from trainfit.strategies import process_group as pg
+from trainfit.strategies.base import Strategy, unwrap
+from trainfit.strategies.compat import resolve_accumulation
+from trainfit.strategies.ddp import DDP, Zero1
+from trainfit.strategies.single import Single
+from trainfit.strategies.zero import FSDP
+from trainfit.vocabulary import DISTRIBUTED, STRATEGIES, StrategyName, check_compatible
 
-_LAUNCH_HINT = "launch with `torchrun --nproc_per_node=N -m trainfit train ...` or `trainfit train --nproc N`"
+LAUNCH_HINT = "launch with `torchrun --nproc_per_node=N -m trainfit train ...` or `trainfit train --devices N`"
 
 
 def make_strategy(cfg) -> Strategy:
     """Build the strategy named in the config; distributed ones use the existing process group.
 
     Raises:
-        ConfigError: a distributed strategy without a process group, ``single`` in a group of
+        ConfigError: a distributed strategy without a process group, a single-device one in a group of
             several processes, or a precision the strategy cannot run.
     """
-    from trainfit.strategies import process_group as pg
-
     world = pg.current()
-    check_precision(cfg.strategy, cfg.precision)
-    if cfg.strategy == "single":
+    check_compatible(cfg.strategy, cfg.precision)
+    facts = STRATEGIES[StrategyName(cfg.strategy)]
+    if not facts.distributed:
         if world is not None and world.world_size > 1:
-            raise ConfigError("strategy", "single", DISTRIBUTED,
+            raise ConfigError("strategy", cfg.strategy, DISTRIBUTED,
                               f"{world.world_size} processes were launched; each would train its own copy")
         return Single(world.device if world else "cpu")
     if world is None:
-        raise ConfigError("strategy", cfg.strategy, "single without a process group",
-                          f"strategy={cfg.strategy} needs a process group: {_LAUNCH_HINT}")
-    if cfg.strategy in ("ddp", "zero1"):
-        from trainfit.strategies.ddp import DDP, Zero1
-
-        return (DDP if cfg.strategy == "ddp" else Zero1)(world, grad_sync=cfg.grad_sync)
-    if cfg.strategy in ("zero2", "zero3"):
-        from trainfit.strategies.zero import FSDP
-
-        return FSDP(world, name=cfg.strategy, grad_sync=cfg.grad_sync)
-    raise ConfigError("strategy", cfg.strategy, ("single", *DISTRIBUTED))
+        raise ConfigError("strategy", cfg.strategy, f"{StrategyName.SINGLE} without a process group",
+                          f"strategy={cfg.strategy} needs a process group: {LAUNCH_HINT}")
+    if facts.fsdp:
+        return FSDP(world, facts=facts, grad_sync=cfg.grad_sync)
+    return (Zero1 if facts.shards_optimizer_by_parameter else DDP)(world, grad_sync=cfg.grad_sync)
 
 
 def fit_to_world(cfg, world_size: int):
@@ -54,4 +55,4 @@ def fit_to_world(cfg, world_size: int):
     return dataclasses.replace(cfg, accumulation=acc)
 
 
-__all__ = ["Strategy", "Single", "make_strategy", "fit_to_world"]
+__all__ = ["Strategy", "Single", "make_strategy", "fit_to_world", "unwrap"]

@@ -1,13 +1,15 @@
-"""The Strategy seam and the single-process strategy.
+"""The Strategy seam (the single-process strategy is in :mod:`trainfit.strategies.single`).
 
-A strategy wraps the model for its parallelism, says when gradients may sync, and offers
-the few collectives the step needs (token count, overflow flag). It asks the precision
-policy for dtypes; precision never looks at the strategy.
+A strategy wraps the model for its parallelism, says when gradients may sync, offers the few
+collectives the step needs (token count, overflow flag), partitions the optimizer where it
+shards its state, and saves/loads checkpoints in its format. It asks the precision policy for
+dtypes (``precision.fsdp_policy()``); precision never looks at the strategy.
 """
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -32,29 +34,16 @@ class Strategy(Protocol):
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         """Clip the global norm of ``p.grad`` over ``params``; return the norm before clipping."""
 
+    def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer this rank steps (zero1: over its partition only; otherwise ``optimizer`` itself)."""
 
-class Single:
-    """One process, one device: every collective is a no-op."""
+    def save(self, run, step: int) -> None:
+        """Checkpoint ``run`` after ``step`` optimizer steps (a collective where the strategy is distributed)."""
 
-    name = "single"
-    rank = 0
-    world_size = 1
+    def load(self, run, run_dir: Path) -> int | None:
+        """Restore the newest checkpoint in ``run_dir`` into ``run``; the next step, or None when there is none."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.device = torch.device(device)
 
-    def wrap(self, model: nn.Module, precision, block_names: list[str]) -> nn.Module:
-        return model.to(self.device)
-
-    def sync_context(self, model: nn.Module, is_last: bool) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def all_reduce_sum(self, t: torch.Tensor) -> None:
-        pass
-
-    def all_reduce_max(self, t: torch.Tensor) -> None:
-        pass
-
-    def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
-        # Host-device sync: reads the norm back.
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside a strategy's wrapper (DDP keeps it in ``.module``; FSDP2 shards in place)."""
+    return getattr(model, "module", model)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from trainfit.strategies import dist_checkpoint
 from trainfit.strategies import process_group as pg
+from trainfit.vocabulary import GradSync, StrategyName
 
 
 class Distributed:
@@ -43,18 +46,19 @@ class Distributed:
     def all_reduce_max(self, t: torch.Tensor) -> None:
         pg.all_reduce(t, dist.ReduceOp.MAX, self.device)
 
-    def barrier(self) -> None:
-        dist.barrier()
+    def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
 
-    def save_checkpoint(self, run, step: int) -> None:
+    def save(self, run, step: int) -> None:
         """Sharded, directory-atomic checkpoint (see :mod:`trainfit.strategies.dist_checkpoint`)."""
-        from trainfit.strategies.dist_checkpoint import save
+        dist_checkpoint.save(run, step)
 
-        save(run, step)
+    def load(self, run, run_dir: Path) -> int | None:
+        return dist_checkpoint.resume(run, run_dir)
 
     def defer_sync(self, is_last: bool) -> bool:
         """Whether this micro-batch's gradients stay local (accumulated, synced later)."""
-        return self.grad_sync == "deferred" and not is_last
+        return self.grad_sync == GradSync.DEFERRED and not is_last
 
     @torch.no_grad()
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
@@ -80,7 +84,7 @@ class Distributed:
 class DDP(Distributed):
     """``ddp``: replicate the model, all-reduce gradients once per optimizer step."""
 
-    name = "ddp"
+    name = str(StrategyName.DDP)
 
     def wrap(self, model: nn.Module, precision, block_names: list[str]) -> nn.Module:
         model.to(self.device)
@@ -91,21 +95,16 @@ class DDP(Distributed):
     def sync_context(self, model: nn.Module, is_last: bool) -> contextlib.AbstractContextManager:
         return model.no_sync() if self.defer_sync(is_last) else contextlib.nullcontext()
 
-    @staticmethod
-    def unwrap(model: nn.Module) -> nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
-
 
 class Zero1(DDP):
     """``zero1``: DDP gradients, optimizer state partitioned by whole parameters."""
 
-    name = "zero1"
+    name = str(StrategyName.ZERO1)
 
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        assert len(optimizer.param_groups) == 1, "trainfit builds one parameter group"
+        params = [p for g in optimizer.param_groups for p in g["params"]]  # trainfit builds one group
         # The local optimizer gets the same class and hyperparameters, over this rank's partition only.
         # (AdamW records defaults its constructor does not take, e.g. decoupled_weight_decay: drop them.)
         accepted = inspect.signature(type(optimizer).__init__).parameters

@@ -37,12 +37,20 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from trainfit.checkpoint import atomic_write_bytes, checkpoint_dir, list_checkpoints, restore_rng, rng_state
+from trainfit.checkpoint import (
+    atomic_write_bytes,
+    check_resumable,
+    checkpoint_dir,
+    list_checkpoints,
+    load_latest,
+    restore_rng,
+    rng_state,
+)
 from trainfit.errors import CheckpointError
+from trainfit.strategies.base import unwrap
 
 FORMAT = "trainfit-dcp-v1"
 META = "trainfit.json"
-_MUST_MATCH = ("model", "model_config", "precision", "optimizer", "seed", "seq_len", "dataset_size")
 
 
 def _distributed() -> bool:
@@ -62,10 +70,6 @@ def _world() -> int:
     return dist.get_world_size() if _distributed() else 1
 
 
-def global_batch(cfg_dict: dict, world_size: int) -> int:
-    return int(cfg_dict["micro_batch"]) * int(cfg_dict["accumulation"]) * world_size
-
-
 def list_dcp(run_dir: str | Path) -> list[Path]:
     """Complete sharded checkpoints, oldest first."""
     d = checkpoint_dir(run_dir)
@@ -76,12 +80,8 @@ def _step_of(path: Path) -> int:
     return int(re.search(r"step-(\d+)", path.name).group(1))
 
 
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)  # DDP keeps the user's model in .module
-
-
 def _trainable_names(run) -> list[str]:
-    names = [n for n, p in _unwrapped(run.model).named_parameters() if p.requires_grad]
+    names = [n for n, p in unwrap(run.model).named_parameters() if p.requires_grad]
     assert len(names) == len(run.precision.optimizer_params(run.model)), "optimizer params must follow model order"
     return names
 
@@ -115,7 +115,7 @@ def _materialise_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def _state(run) -> tuple[dict, dict]:
     """The DCP state (tensors keyed by parameter name) and the precision's non-tensor state."""
-    model_sd = _unwrapped(run.model).state_dict()
+    model_sd = unwrap(run.model).state_dict()
     opt = _local_optimizer(run.optimizer)
     optim = {}
     for name, p in zip(_trainable_names(run), run.precision.optimizer_params(run.model)):
@@ -174,21 +174,12 @@ def load(run, path: Path) -> int:
         raise CheckpointError(f"checkpoint {path}: unreadable {META} ({type(e).__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a trainfit sharded checkpoint (expected {FORMAT!r})")
-    saved, mine = meta["config"], run.cfg.to_dict()
-    for key in _MUST_MATCH:
-        if saved.get(key) != mine[key]:
-            raise CheckpointError(f"checkpoint {path} was written with {key}={saved.get(key)!r}, this run has "
-                                  f"{key}={mine[key]!r}; resume with the same {key} or use a new --run-dir")
-    was, now = global_batch(saved, meta["world_size"]), global_batch(mine, _world())
-    if was != now:
-        raise CheckpointError(
-            f"checkpoint {path} was written with a global batch of {was} samples per step "
-            f"({meta['world_size']} ranks), this run has {now}; set global_batch={was} so the step stays the same")
+    check_resumable(meta["config"], int(meta["world_size"]), run.cfg.to_dict(), _world(), path)
     _materialise_optimizer_state(run.optimizer)
     state, _ = _state(run)
     try:
         dcp.load(state, checkpoint_id=str(path))
-        _unwrapped(run.model).load_state_dict(state["model"])
+        unwrap(run.model).load_state_dict(state["model"])
         precision = dict(meta["precision"])
         if "master" in state:
             precision["master"] = [state["master"][n] for n in _trainable_names(run)]
@@ -227,21 +218,26 @@ def _load_rng(path: Path, run, *, saved_world: int) -> None:
         raise CheckpointError(f"checkpoint {path}: unreadable RNG state {file.name} ({type(e).__name__})") from None
 
 
-def resume_sharded(run, run_dir: str | Path) -> int | None:
-    """Load the newest checkpoint if it is a sharded one; None when the newest is single-process.
+def resume(run, run_dir: str | Path) -> int | None:
+    """Restore the newest checkpoint in ``run_dir``, sharded or one-file; the next step, or None when there is none.
+
+    A sharded checkpoint loads into any strategy and world size; a one-file (``.pt``) one only into ``single``.
 
     Raises:
-        CheckpointError: the newest checkpoint is single-process and this run is distributed.
+        CheckpointError: the newest checkpoint is a one-file one and this run is distributed, or none verifies.
     """
     sharded, single = list_dcp(run_dir), list_checkpoints(run_dir)
     newest_single = _step_of(single[-1]) if single else -1
     if sharded and _step_of(sharded[-1]) >= newest_single:
         return load(run, sharded[-1])
-    if single and run.strategy.name != "single":
+    if not single:
+        return None
+    if run.strategy.world_size > 1:
         raise CheckpointError(
             f"the newest checkpoint {single[-1]} was written by strategy=single; resume it with strategy=single "
-            f"(sharded checkpoints, written by ddp/zero1/zero2/zero3, load into any strategy)")
-    return None
+            f"(sharded checkpoints, written by the distributed strategies, load into any strategy)")
+    path, state = load_latest(run_dir)
+    return run.restore(state, path)
 
 
 def has_checkpoints(run_dir: str | Path) -> bool:

@@ -1,7 +1,7 @@
 """Launching: torchrun's environment in, torch's own launcher out.
 
 The only module of trainfit that reads environment variables (the ones torchrun sets for
-each worker). ``trainfit train --nproc N`` re-runs itself under
+each worker). ``trainfit train --devices N`` re-runs itself under
 ``torch.distributed.run`` (the code behind ``torchrun``), standalone: a c10d rendezvous on a
 free loopback port, so nothing is fixed and nothing is home-made.
 """

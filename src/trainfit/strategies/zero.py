@@ -9,7 +9,7 @@ zero3 frees them after forward and gathers again in backward (less memory, 1.5x 
 Every tensor is split along dim 0 into ``world_size`` near-equal shards (the last may be
 shorter), so each rank's part is ~1/N of the whole.
 
-Precision maps onto :class:`MixedPrecisionPolicy` (see ``compat.FSDP_DTYPES``): the sharded
+Precision maps onto :class:`MixedPrecisionPolicy` (the precision's ``fsdp_policy()``): the sharded
 weights stay fp32 (they are the optimizer's master copy), the gathered ones are cast to the
 compute dtype, gradients are reduce-scattered in fp32.
 
@@ -26,29 +26,28 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainfit.strategies import process_group as pg
-from trainfit.strategies.compat import FSDP_DTYPES
 from trainfit.strategies.ddp import Distributed
+from trainfit.vocabulary import StrategyFacts
 
 
 def mixed_precision_policy(precision) -> MixedPrecisionPolicy:
     """The FSDP2 policy for a precision (asks the precision; never the other way round)."""
-    param, reduce = (None if n is None else getattr(torch, n) for n in FSDP_DTYPES[precision.name])
-    assert param is None or param == precision.autocast_dtype
+    param, reduce = precision.fsdp_policy()
     return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
 
 class FSDP(Distributed):
-    def __init__(self, world: pg.World, *, name: str, grad_sync: str = "deferred") -> None:
+    """zero2 / zero3 on FSDP2 (``fully_shard`` per block, then the root), from the strategy's vocabulary row."""
+
+    def __init__(self, world: pg.World, *, facts: StrategyFacts, grad_sync: str = "deferred") -> None:
         super().__init__(world, grad_sync=grad_sync)
-        assert name in ("zero2", "zero3")
-        self.name = name
-        self.reshard_after_forward = name == "zero3"
+        self.name = str(facts.name)
+        self.reshard_after_forward = facts.reshard_after_forward
 
     def wrap(self, model: nn.Module, precision, block_names: list[str]) -> nn.Module:
         model.to(self.device)
@@ -65,7 +64,3 @@ class FSDP(Distributed):
     def sync_context(self, model: nn.Module, is_last: bool) -> Iterator[None]:
         model.set_requires_gradient_sync(not self.defer_sync(is_last))
         yield
-
-    @staticmethod
-    def unwrap(model: nn.Module) -> nn.Module:
-        return model

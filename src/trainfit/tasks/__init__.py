@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 from trainfit.errors import ConfigError
+from trainfit.presets import GPT_PRESETS, HF_PRESETS, resolve_model
 from trainfit.tasks.base import GenericTask, Task
 from trainfit.tasks.builtin import BUILTIN_MODELS, cnn_task, gpt_task
-from trainfit.tasks.gpt import GPT_PRESETS
 
 
 def make_task(model: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096) -> Task:
     """Resolve a model spec into a Task. A ``module:callable`` is imported only here, when named."""
+    model, model_config = resolve_model(model, model_config)  # llama-7b -> hf:LlamaForCausalLM + its config
     if model in GPT_PRESETS:
         return gpt_task(model, seq_len=seq_len, seed=seed, dataset_size=dataset_size, overrides=model_config)
     if model == "cnn":
         return cnn_task(seed=seed, dataset_size=dataset_size, overrides=model_config)
     if model.startswith("hf:"):
-        from trainfit.tasks.hf import hf_task
+        from trainfit.tasks.hf import hf_task  # lazy: imports transformers (~2 s), only for hf: models
 
         return hf_task(model[3:], model_config=model_config, seq_len=seq_len, seed=seed, dataset_size=dataset_size)
     if ":" in model:
-        from trainfit.tasks.user import user_task
+        from trainfit.tasks.user import user_task  # lazy: the user's module is imported only when named
 
         return user_task(model, model_config=model_config, seq_len=seq_len, seed=seed, dataset_size=dataset_size)
-    raise ConfigError("model", model, (*BUILTIN_MODELS, "hf:<ArchitectureClass>", "<module>:<callable>"))
+    raise ConfigError("model", model, (*BUILTIN_MODELS, *HF_PRESETS, "hf:<ArchitectureClass>", "<module>:<callable>"))
 
 
 __all__ = ["Task", "GenericTask", "make_task", "BUILTIN_MODELS"]

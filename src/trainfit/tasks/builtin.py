@@ -8,9 +8,10 @@ import torch
 from torch.nn import functional as F
 
 from trainfit.errors import ConfigError
+from trainfit.presets import GPT_PRESETS, GPTConfig
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.cnn import SmallCNN
-from trainfit.tasks.gpt import GPT, GPT_PRESETS, GPTConfig
+from trainfit.tasks.gpt import GPT
 from trainfit.tasks.synthetic import IGNORE_INDEX, TemplateImages, TokenRules, collate_images, collate_tokens
 
 BUILTIN_MODELS = (*GPT_PRESETS, "cnn")

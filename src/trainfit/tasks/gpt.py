@@ -6,51 +6,11 @@ attends to earlier positions, which are never padding; padded positions carry la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainfit.errors import ConfigError
-
-
-@dataclass(frozen=True, kw_only=True)
-class GPTConfig:
-    vocab_size: int = 256
-    """Token vocabulary size."""
-    max_seq_len: int = 64
-    """Positions in the learned position embedding."""
-    n_layer: int = 4
-    """Number of transformer blocks."""
-    n_head: int = 4
-    """Attention heads per block."""
-    d_model: int = 256
-    """Residual stream width."""
-    mlp_ratio: int = 4
-    """MLP hidden width = mlp_ratio x d_model."""
-    dropout: float = 0.0
-    """Dropout probability (0 keeps runs bitwise reproducible without RNG bookkeeping)."""
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model_config.{name}", v, "an integer >= 1")
-        if self.d_model % self.n_head:
-            raise ConfigError("model_config.n_head", self.n_head, f"a divisor of d_model={self.d_model}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("model_config.dropout", self.dropout, "a number in [0, 1)")
-
-
-GPT_PRESETS = {
-    # ~3.3M parameters: trains visibly in a couple of minutes on 2 CPU cores.
-    "gpt-tiny": GPTConfig(),
-    # ~25M parameters: a middle size for benchmarks.
-    "gpt-small": GPTConfig(n_layer=6, d_model=512, n_head=8, max_seq_len=256),
-    # GPT-2 small's shape (124M with tied embeddings; untied here), for planning.
-    "gpt2-small": GPTConfig(vocab_size=50257, max_seq_len=1024, n_layer=12, n_head=12, d_model=768),
-}
+from trainfit.presets import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):

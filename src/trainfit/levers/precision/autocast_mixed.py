@@ -7,17 +7,8 @@ weights (and gradients and optimizer state) stay fp32: parameter memory does not
 
 from __future__ import annotations
 
-import torch
-
 from trainfit.levers.precision.base import _Base
-from trainfit.levers.scaler import DynamicLossScaler, ScalerConfig
 
 
 class AutocastMixed(_Base):
-    def __init__(self, *, dtype: torch.dtype, scaler: ScalerConfig | None = None) -> None:
-        super().__init__()
-        assert dtype in (torch.bfloat16, torch.float16)
-        self.autocast_dtype = dtype
-        self.name = "bf16-mixed" if dtype == torch.bfloat16 else "fp16-mixed"
-        if dtype == torch.float16:
-            self.scaler = DynamicLossScaler(scaler)
+    """fp32 weights; forward + loss under ``torch.autocast`` in the row's dtype (all set by ``_Base``)."""

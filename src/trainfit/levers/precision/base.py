@@ -1,5 +1,8 @@
-"""The precision protocol. A policy decides dtypes, autocast and loss scaling;
-it never looks at the parallelism strategy (the strategy asks it for ``param_dtype``)."""
+"""The precision protocol. A policy decides dtypes, autocast and loss scaling; it never looks at
+the parallelism strategy (the strategy asks it for its FSDP2 dtypes, :meth:`Precision.fsdp_policy`).
+
+The loss scaler is a state machine that lives behind this protocol: callers read
+``loss_scale`` / ``scales_loss`` / ``mid_step`` and never ``precision.scaler``."""
 
 from __future__ import annotations
 
@@ -9,7 +12,13 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from trainfit.levers.scaler import AllReduceMax, DynamicLossScaler, NoScaler
+from trainfit.errors import CheckpointError
+from trainfit.levers.scaler import AllReduceMax, DynamicLossScaler, NoScaler, Phase, ScalerConfig
+from trainfit.vocabulary import TORCH_DTYPE_NAMES, PrecisionFacts
+
+
+def _dtype(name) -> torch.dtype:
+    return getattr(torch, TORCH_DTYPE_NAMES[name])
 
 
 class Precision(Protocol):
@@ -18,7 +27,26 @@ class Precision(Protocol):
     """dtype the model's weights are stored in for compute."""
     autocast_dtype: torch.dtype | None
     """dtype autocast runs matmuls in, or None when autocast is off."""
-    scaler: DynamicLossScaler | NoScaler
+    facts: PrecisionFacts
+    """This precision's row of the vocabulary."""
+
+    @property
+    def loss_scale(self) -> float:
+        """The loss scale the next backward multiplies by (1.0 without loss scaling)."""
+
+    @property
+    def scales_loss(self) -> bool:
+        """Dynamic loss scaling is on: overflowing steps are skipped and the scale adapts."""
+
+    @property
+    def mid_step(self) -> bool:
+        """Gradients were unscaled and the step not yet finished (a retry now would double-unscale)."""
+
+    def fsdp_policy(self) -> tuple[torch.dtype | None, torch.dtype | None]:
+        """(param_dtype, reduce_dtype) for FSDP2's MixedPrecisionPolicy (None: FSDP2's default)."""
+
+    def grads_finite(self, model: nn.Module, all_reduce_max: AllReduceMax | None = None) -> bool:
+        """Whether every gradient the optimizer will read is finite (agreed across ranks)."""
 
     def prepare(self, model: nn.Module) -> None:
         """Cast the model's weights (and create master copies) before the optimizer is built."""
@@ -54,12 +82,33 @@ class Precision(Protocol):
 class _Base:
     """Shared plumbing for policies whose optimizer updates the model's own parameters."""
 
-    name = "base"
-    param_dtype = torch.float32
-    autocast_dtype: torch.dtype | None = None
+    def __init__(self, facts: PrecisionFacts, *, scaler: ScalerConfig | None = None) -> None:
+        self.facts = facts
+        self.name = str(facts.name)
+        self.param_dtype = _dtype(facts.weights)
+        self.autocast_dtype = _dtype(facts.autocast) if facts.autocast else None
+        self.scaler: DynamicLossScaler | NoScaler = DynamicLossScaler(scaler) if facts.loss_scaling else NoScaler()
 
-    def __init__(self) -> None:
-        self.scaler: DynamicLossScaler | NoScaler = NoScaler()
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    @property
+    def scales_loss(self) -> bool:
+        return self.scaler.enabled
+
+    @property
+    def mid_step(self) -> bool:
+        return getattr(self.scaler, "phase", Phase.READY) is not Phase.READY
+
+    def fsdp_policy(self) -> tuple[torch.dtype | None, torch.dtype | None]:
+        # Gradients are always reduced in fp32: a bf16 reduce-scatter over many ranks loses the sum's low bits.
+        if self.autocast_dtype is None:
+            return None, None
+        return self.autocast_dtype, torch.float32
+
+    def grads_finite(self, model: nn.Module, all_reduce_max: AllReduceMax | None = None) -> bool:
+        return self.scaler.unscale_(self.grads(model), all_reduce_max)  # scale 1: a finiteness check
 
     def prepare(self, model: nn.Module) -> None:
         pass
@@ -99,8 +148,6 @@ class _Base:
         return {"name": self.name, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
-        from trainfit.errors import CheckpointError
-
         if sd.get("name") != self.name:
             raise CheckpointError(
                 f"checkpoint was written with precision={sd.get('name')!r}, this run uses {self.name!r}; "

@@ -4,4 +4,4 @@ from trainfit.levers.precision.base import _Base
 
 
 class FP32(_Base):
-    name = "fp32"
+    """No autocast, no scaling: every tensor fp32."""

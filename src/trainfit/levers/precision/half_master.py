@@ -14,18 +14,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainfit.errors import CheckpointError
 from trainfit.levers.precision.base import _Base
-from trainfit.levers.scaler import AllReduceMax, DynamicLossScaler, ScalerConfig
+from trainfit.levers.scaler import AllReduceMax, ScalerConfig
+from trainfit.vocabulary import PrecisionFacts
 
 
 class HalfWithMaster(_Base):
-    def __init__(self, *, dtype: torch.dtype, scaler: ScalerConfig | None = None) -> None:
-        super().__init__()
-        assert dtype in (torch.bfloat16, torch.float16)
-        self.param_dtype = dtype
-        self.name = "bf16-true" if dtype == torch.bfloat16 else "fp16-true"
-        if dtype == torch.float16:
-            self.scaler = DynamicLossScaler(scaler)
+    """Half weights in the model, fp32 master copies in the optimizer (the row's ``master_copy``)."""
+
+    def __init__(self, facts: PrecisionFacts, *, scaler: ScalerConfig | None = None) -> None:
+        super().__init__(facts, scaler=scaler)
         self._pairs: list[tuple[nn.Parameter, torch.Tensor]] = []
 
     def prepare(self, model: nn.Module) -> None:
@@ -39,7 +38,8 @@ class HalfWithMaster(_Base):
         model.to(self.param_dtype)
 
     def optimizer_params(self, model: nn.Module) -> list[torch.Tensor]:
-        assert self._pairs, "prepare(model) must run before the optimizer is built"
+        if not self._pairs:
+            raise RuntimeError("prepare(model) must run before the optimizer is built")
         return [m for _, m in self._pairs]
 
     def unscale_and_check(self, model: nn.Module, all_reduce_max: AllReduceMax | None = None) -> bool:
@@ -72,8 +72,6 @@ class HalfWithMaster(_Base):
         super().load_state_dict(sd)
         masters = sd["master"]
         if len(masters) != len(self._pairs):
-            from trainfit.errors import CheckpointError
-
             raise CheckpointError(f"checkpoint has {len(masters)} master weights, model has {len(self._pairs)}")
         for (p, m), saved in zip(self._pairs, masters):
             m.copy_(saved)

@@ -15,13 +15,16 @@ import time
 
 import torch
 
-from trainfit.measure import hardware
+from trainfit.meters import devices as hardware
+from trainfit.plan import comm
+from trainfit.run import Run
+from trainfit.vocabulary import strategy_facts
 
 NS = (1, 2, 4, 8, 16, 32, 64)
 """Device counts of the predicted curves."""
 
 
-def bandwidth(run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
+def bandwidth(run: Run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
     """(bytes/s, latency s, source) for scale-out predictions."""
     if opts.bandwidth_bytes_per_s is not None:
         return opts.bandwidth_bytes_per_s, opts.latency_s or 0.0, "given (--bandwidth)"
@@ -55,19 +58,17 @@ def bandwidth(run, opts, grad_bytes: int) -> tuple[float | None, float, str]:
     return None, 0.0, "no interconnect bandwidth known for a single GPU: pass --bandwidth (e.g. 450GB/s)"
 
 
-def scaling(run, opts, compute_s: float, backward_s: float, samples: list[float] | None = None,
+def scaling(run: Run, opts, compute_s: float, backward_s: float, samples: list[float] | None = None,
             small_all_reduces: int = 0) -> dict:
     """Scale-out curves for every strategy.
 
     ``samples``: per-step compute times (the slowest of n ranks sets a synchronous step);
     ``small_all_reduces``: the step's own latency-bound collectives (token count, loss, overflow).
     """
-    from trainfit.plan import comm
-
     params = [p for p in run.model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     bw, latency, source = bandwidth(run, opts, grad_bytes)
-    strategy = run.cfg.strategy if run.cfg.strategy in comm.STRATEGIES else "ddp"
+    strategy = run.cfg.strategy if run.cfg.strategy in comm.DISTRIBUTED else comm.DISTRIBUTED[0]
     out = {"strategy": strategy, "grad_bytes": grad_bytes, "small_all_reduces": small_all_reduces, "bandwidth_bytes_per_s": bw, "latency_s": latency,
            "bandwidth_source": source, "overlap": opts.overlap, "compute_s": compute_s, "curves": {},
            "comm_dominates_beyond": None}
@@ -85,13 +86,14 @@ def scaling(run, opts, compute_s: float, backward_s: float, samples: list[float]
     calls = {s: comm.collective_calls(s, grad_bytes=grad_bytes, n_param_tensors=len(params), fsdp_units=units,
                                       accumulation=run.cfg.accumulation,
                                       per_micro_batch=run.cfg.grad_sync == "per-micro-batch")
-             for s in comm.STRATEGIES}
+             for s in comm.DISTRIBUTED}
     out["calls_per_step"] = {s: c.total() for s, c in calls.items()}
-    for s in comm.STRATEGIES:
+    for s in comm.DISTRIBUTED:
         curve = [comm.predict(s, n=n, straggler_s=max(0.0, comm.slowest_of(samples, n) - compute_s), calls=calls[s],
                               **kw) for n in NS]
         points = [{k: v for k, v in p.to_dict().items() if k != "source"} for p in curve]
-        out["curves"][s] = {"formula": comm.TRAFFIC[s].formula, "source": comm.TRAFFIC[s].source, "points": points}
+        out["curves"][s] = {"formula": strategy_facts(s).traffic_formula, "source": strategy_facts(s).traffic_source,
+                            "points": points}
     out["comm_dominates_beyond"] = comm.comm_dominates_beyond(strategy, calls=calls[strategy], **kw)
     return out
 

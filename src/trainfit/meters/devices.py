@@ -1,4 +1,8 @@
-"""Peak FLOP/s per device and dtype, with the source of every row; CPU calibration.
+"""Device and hardware facts, one table each, with the source of every row; CPU calibration.
+
+``PEAKS``: dense peak FLOP/s per device and dtype (what MFU is measured against).
+``DEVICES``: what the planner assumes about a device and its links (memory, link bandwidth,
+achievable share of peak), by the names ``--device`` takes.
 
 Figures are *dense* tensor-core (or CUDA-core for fp32) peaks from the vendor datasheets;
 where a datasheet lists "with sparsity" figures we halve them and say so. A device that is
@@ -14,7 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
+from trainfit.errors import ConfigError
+from trainfit.vocabulary import TORCH_DTYPE_NAMES, Dtype, precision_facts
+
+DTYPES = tuple(Dtype)
+FP32, TF32, BF16, FP16 = Dtype
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,32 +40,32 @@ class PeakRow:
 _HALVED = "sparsity figures halved to dense"
 PEAKS: tuple[PeakRow, ...] = (
     PeakRow(device="H100-SXM", names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"),
-            peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+            peak_tflops={FP32: 67.0, TF32: 494.5, BF16: 989.5, FP16: 989.5},
             source=f"NVIDIA H100 Tensor Core GPU datasheet (2023), SXM column; {_HALVED}"),
     PeakRow(device="H100-PCIe", names=("NVIDIA H100 PCIe",),
-            peak_tflops={"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
+            peak_tflops={FP32: 51.0, TF32: 378.0, BF16: 756.5, FP16: 756.5},
             source=f"NVIDIA H100 Tensor Core GPU datasheet (2023), PCIe column; {_HALVED}"),
     PeakRow(device="H200-SXM", names=("NVIDIA H200",),
-            peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+            peak_tflops={FP32: 67.0, TF32: 494.5, BF16: 989.5, FP16: 989.5},
             source=f"NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column; {_HALVED}"),
     PeakRow(device="A100", names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB",
                                   "NVIDIA A100 80GB PCIe"),
-            peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            peak_tflops={FP32: 19.5, TF32: 156.0, BF16: 312.0, FP16: 312.0},
             source="NVIDIA A100 Tensor Core GPU datasheet (2021); dense figures as listed (sparse ones are 2x)"),
     PeakRow(device="L4", names=("NVIDIA L4",),
-            peak_tflops={"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+            peak_tflops={FP32: 30.3, TF32: 60.0, BF16: 121.0, FP16: 121.0},
             source=f"NVIDIA L4 Tensor Core GPU datasheet (2023); {_HALVED}"),
     PeakRow(device="L40S", names=("NVIDIA L40S",),
-            peak_tflops={"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
+            peak_tflops={FP32: 91.6, TF32: 183.0, BF16: 362.05, FP16: 362.05},
             source="NVIDIA L40S GPU datasheet (2023); dense figures as listed (sparse ones are 2x)"),
     PeakRow(device="A10", names=("NVIDIA A10",),
-            peak_tflops={"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+            peak_tflops={FP32: 31.2, TF32: 62.5, BF16: 125.0, FP16: 125.0},
             source="NVIDIA A10 Tensor Core GPU datasheet (2021); dense figures as listed (sparse ones are 2x)"),
     PeakRow(device="V100-SXM2", names=("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"),
-            peak_tflops={"fp32": 15.7, "fp16": 125.0},
+            peak_tflops={FP32: 15.7, FP16: 125.0},
             source="NVIDIA Tesla V100 GPU datasheet (2020), SXM2 column (no bf16/tf32 support)"),
     PeakRow(device="T4", names=("Tesla T4",),
-            peak_tflops={"fp32": 8.1, "fp16": 65.0},
+            peak_tflops={FP32: 8.1, FP16: 65.0},
             source="NVIDIA T4 Tensor Core GPU datasheet (2019), mixed-precision FP16/FP32 (no bf16/tf32)"),
 )
 
@@ -86,14 +94,59 @@ def peak_flops(device_name: str, dtype: str) -> float | None:
 
 def compute_dtype(precision_name: str, *, tf32_enabled: bool) -> str:
     """The dtype matmuls run in under a precision policy (fp32 -> tf32 when TF32 is enabled)."""
-    if precision_name.startswith("bf16"):
-        return "bf16"
-    if precision_name.startswith("fp16"):
-        return "fp16"
-    return "tf32" if tf32_enabled else "fp32"
+    compute = precision_facts(precision_name).compute
+    return TF32 if compute == FP32 and tf32_enabled else compute
 
 
-_TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+@dataclass(frozen=True, kw_only=True)
+class DeviceRow:
+    name: str
+    peak_row: str | None
+    """Row name in PEAKS above (None: calibrated, e.g. the CPU)."""
+    memory_bytes: int | None
+    intra_bytes_per_s: float | None
+    """Per device, one direction, inside a node."""
+    inter_bytes_per_s: float | None
+    """Per device, one direction, between nodes."""
+    achievable_frac: float
+    """Share of the dense peak a tuned large-model step reaches."""
+    overlap: float
+    """Share of backward time that can hide communication (separate comm stream on GPUs)."""
+    source: str
+
+
+_MFU = "Llama 3 paper (Dubey et al. 2024, table 4): 38-43% bf16 MFU on H100 at scale -> 0.40"
+DEVICES: dict[str, DeviceRow] = {
+    "h100": DeviceRow(name="h100", peak_row="H100-SXM", memory_bytes=80 * 2**30, intra_bytes_per_s=450e9,
+                      inter_bytes_per_s=50e9, achievable_frac=0.40, overlap=1.0,
+                      source="NVIDIA H100 datasheet: NVLink 900 GB/s bidirectional (450 GB/s per direction); "
+                             "DGX H100: one 400 Gb/s ConnectX-7 per GPU (50 GB/s); " + _MFU),
+    "a100": DeviceRow(name="a100", peak_row="A100", memory_bytes=80 * 2**30, intra_bytes_per_s=300e9,
+                      inter_bytes_per_s=25e9, achievable_frac=0.40, overlap=1.0,
+                      source="NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional (300 per direction); "
+                             "DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s); " + _MFU),
+    "cpu": DeviceRow(name="cpu", peak_row=None, memory_bytes=None, intra_bytes_per_s=None, inter_bytes_per_s=None,
+                     achievable_frac=1.0, overlap=0.0,
+                     source="calibrated on this machine (calibrate_cpu below); gloo on CPU does not "
+                            "overlap communication with backward; memory and bandwidth must be given"),
+}
+
+
+def device_row(name: str) -> DeviceRow:
+    row = DEVICES.get(name.lower())
+    if row is None:
+        raise ConfigError("device", name, tuple(DEVICES), "add a row to trainfit.meters.devices.DEVICES")
+    return row
+
+
+def dtypes_of(row: DeviceRow) -> tuple[str, ...]:
+    if row.peak_row is None:
+        return (FP32, BF16, FP16)
+    peak = find_device(row.peak_row)
+    return tuple(k for k in (FP32, BF16, FP16) if peak and k in peak.peak_tflops)
+
+
+_TORCH_DTYPES = {d: getattr(torch, name) for d, name in TORCH_DTYPE_NAMES.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,10 +161,10 @@ class Calibration:
     threads: int
     """torch CPU threads of the run (``torch.get_num_threads()``)."""
     source: str = ("measured: best of repeated one-thread square matmuls on this CPU x threads "
-                   "(trainfit.measure.hardware.calibrate_cpu)")
+                   "(trainfit.meters.devices.calibrate_cpu)")
 
 
-def calibrate_cpu(dtype: str = "fp32", *, size: int | None = None, seconds: float = 0.3) -> Calibration:
+def calibrate_cpu(dtype: str = FP32, *, size: int | None = None, seconds: float = 0.3) -> Calibration:
     """Achievable CPU matmul FLOP/s: the best one-thread rate of repeated ``size x size``
     matmuls, times the run's thread count.
 
@@ -124,7 +177,7 @@ def calibrate_cpu(dtype: str = "fp32", *, size: int | None = None, seconds: floa
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not valid; allowed: one of: {', '.join(DTYPES)}")
     # Half-precision CPU matmuls are far slower: keep them small so calibration stays short.
-    size = size or (512 if dtype in ("fp32", "tf32") else 256)
+    size = size or (512 if dtype in (FP32, TF32) else 256)
     threads = torch.get_num_threads()
     a = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
     b = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])

@@ -1,48 +1,52 @@
-"""Torch shell of the planner: bases from the memory estimator, links from the device table.
+"""What the pure planner is given, measured: bases from the memory probes, links from the device
+table, compute rates and distributed overheads calibrated on this machine.
 
-Kept apart from the pure core (cost, rules, search) so that plans for shapes never build
-a model. A basis per (precision, checkpointing) pair is computed at most once.
+The planner's torch side: ``plan/`` never builds a model, steps a run or starts a process; this
+probe does, and hands ``plan.search`` plain values (a :class:`~trainfit.plan.cost.Basis` per
+(precision, checkpointing) pair, :class:`~trainfit.plan.cost.Links` per precision).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from trainfit.config import RunConfig, make_config
 from trainfit.errors import ConfigError
+from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
 from trainfit.plan.basis import analytic_basis, basis_from_reports
-from trainfit.plan.cost import Basis, Links
-from trainfit.plan.devices import DeviceRow
+from trainfit.plan.cost import Basis, Links, fit_dist_overhead
 from trainfit.plan.shapes import shape_of
+from trainfit.probes.estimate import estimate_memory
+from trainfit.probes.memory import example_batch, measure_memory
+from trainfit.probes.profile import task_flop_counter
+from trainfit.run import build_run
+from trainfit.strategies.launch import spawn_errors, spawn_local
+from trainfit.tasks import make_task
+from trainfit.tasks.base import to_device
+from trainfit.vocabulary import STRATEGIES, PrecisionName, StrategyName, precision_facts
 
 BASIS_SOURCES = ("auto", "analytic", "estimate", "measure")
 BASIS_BATCHES = (2, 4)
 """Micro-batches the two memory reports of a basis are taken at."""
 
 
-def _report_fn(source: str):
-    if source == "estimate":
-        try:
-            from trainfit.measure.estimate import estimate_memory
-        except ImportError:  # the estimator lands separately; measuring is exact where the model fits
-            source = "measure"
-        else:
-            return lambda cfg, batch: estimate_memory(cfg, batch=batch)
-    from trainfit.measure.memory import measure_memory
-
-    return lambda cfg, batch: measure_memory(cfg, batch=batch)
-
-
-def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -> Basis:
+def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, source: str) -> Basis:
     """Basis from two memory reports (micro-batches BASIS_BATCHES) plus FLOPs counted on the meta device."""
-    from trainfit.config import make_config
-    from trainfit.measure.flops import FlopCounter
-    from trainfit.measure.memory import example_batch
-    from trainfit.tasks import make_task
-
     cfg = make_config({"precision": precision, "checkpointing": checkpointing, "micro_batch": 1,
-                       "accumulation": 1, "strategy": "single"}, base=base_cfg)
-    rep = _report_fn(source)
+                       "accumulation": 1, "strategy": StrategyName.SINGLE}, base=base_cfg)
+    probe = estimate_memory if source == "estimate" else measure_memory
+
+    def rep(cfg: RunConfig, batch: int):
+        return probe(cfg, batch=batch)
+
     # Two micro-batches large enough that activations dominate the forward/backward peak: at 1
     # the peak can sit at a different moment (late in backward), which a line through it misses.
     r1, r2 = rep(cfg, BASIS_BATCHES[0]), rep(cfg, BASIS_BATCHES[1])
@@ -50,11 +54,8 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
     q1, q2 = rep(cfg2, BASIS_BATCHES[0]), rep(cfg2, BASIS_BATCHES[1])
     task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
                      dataset_size=cfg.dataset_size)
-    counter = FlopCounter(build_model=task.build_model, block_names=task.block_names, loss_fn=task.loss,
-                          policy=cfg.checkpointing)
+    counter = task_flop_counter(task, cfg.checkpointing)
     model_flops, hw_flops = counter.micro_batch(example_batch(task, 1))
-    import torch
-
     with torch.device("meta"):
         meta = task.build_model()
         blocks = task.block_names(meta)
@@ -68,7 +69,7 @@ def report_basis(base_cfg, precision: str, checkpointing: str, *, source: str) -
                               max_unit_params=max_unit)
 
 
-def basis_provider(base_cfg, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
+def basis_provider(base_cfg: RunConfig, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
     """``basis(precision, checkpointing)`` for the run in ``base_cfg`` and the source used."""
     if source not in BASIS_SOURCES:
         raise ConfigError("basis", source, BASIS_SOURCES)
@@ -81,9 +82,6 @@ def basis_provider(base_cfg, *, source: str = "auto") -> tuple[Callable[[str, st
                                              optimizer=base_cfg.optimizer)), "analytic"
     chosen = "estimate" if source == "auto" else source
     return (lambda p, ck: report_basis(base_cfg, p, ck, source=chosen)), chosen
-
-
-DTYPE_OF = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16", "fp16-true": "fp16"}
 
 
 def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | None, inter: float | None,
@@ -101,24 +99,20 @@ def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | N
     def rate(dtype: str) -> float:
         if dtype not in cache:
             if row.peak_row is None:
-                from trainfit.measure.hardware import calibrate_cpu
-
                 cache[dtype] = calibrate_cpu(dtype).flops_per_s * row.achievable_frac
             else:
-                from trainfit.measure.hardware import find_device
-
                 peak = find_device(row.peak_row).peak_tflops[dtype] * 1e12
                 cache[dtype] = peak * row.achievable_frac
         return cache[dtype]
 
     def links(p: str, ck: str = "none") -> Links:
-        return Links(flops_per_s=rate(DTYPE_OF[p]), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
+        return Links(flops_per_s=rate(precision_facts(p).compute), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
                      overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
 
     return links
 
 
-def measure_step_s(cfg, *, reps: int = 5, clock: Callable[[], float] | None = None,
+def measure_step_s(cfg: RunConfig, *, reps: int = 5, clock: Callable[[], float] | None = None,
                    statistic: str = "min") -> float:
     """Fastest of ``reps`` optimizer steps of ``cfg`` on worst-case (full-length) micro-batches, after
     one step that allocates the optimizer state. The minimum, not the median: on a shared machine the
@@ -128,23 +122,13 @@ def measure_step_s(cfg, *, reps: int = 5, clock: Callable[[], float] | None = No
     for steps of several processes: there every step waits for the slowest rank at each
     collective, and the step-to-step spread is intrinsic (2 gloo ranks on 2 cores: 14-35 ms for
     one zero1 step), so the median is the throughput a run sees and the minimum a lucky draw."""
-    import time
-
     clock = clock or time.perf_counter
-
-    from trainfit.engine import optimizer_step
-    from trainfit.measure.memory import example_batch
-    from trainfit.tasks.base import to_device
-    from trainfit.train import build_run
-
     run = build_run(cfg)
     mbs = [to_device(example_batch(run.task, cfg.micro_batch), run.strategy.device)] * cfg.accumulation
     times = []
     for i in range(reps + 1):
         t0 = clock()
-        optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision, micro_batches=mbs,
-                       loss_fn=run.task.loss, count_fn=run.task.count, strategy=run.strategy,
-                       grad_clip=cfg.grad_clip)
+        run.step(mbs)
         if i:
             times.append(clock() - t0)
     if statistic not in ("min", "median"):
@@ -152,7 +136,7 @@ def measure_step_s(cfg, *, reps: int = 5, clock: Callable[[], float] | None = No
     return min(times) if statistic == "min" else sorted(times)[len(times) // 2]
 
 
-def calibrated_links(base_cfg, plain: Callable[..., Links], basis: Callable[[str, str], Basis], *,
+def calibrated_links(base_cfg: RunConfig, plain: Callable[..., Links], basis: Callable[[str, str], Basis], *,
                      reps: int = 5, clock: Callable[[], float] | None = None) -> Callable[[str, str], Links]:
     """Links whose compute rate and fixed costs are fitted to this model's measured steps.
 
@@ -161,15 +145,14 @@ def calibrated_links(base_cfg, plain: Callable[..., Links], basis: Callable[[str
     ``step_s = accumulation x (per_micro_batch_s + per_sample_s x micro_batch) + per_step_s``:
     t(2,1), t(4,1) and t(2,2) give per_sample_s, per_micro_batch_s and per_step_s.
     """
-    from trainfit.config import make_config
-
     cache: dict[tuple[str, str], Links] = {}
 
     def links(p: str, ck: str = "none") -> Links:
         if (p, ck) not in cache:
             def t(m: int, k: int) -> float:
                 return measure_step_s(make_config({"precision": p, "checkpointing": ck, "micro_batch": m,
-                                                   "accumulation": k, "strategy": "single"}, base=base_cfg),
+                                                   "accumulation": k, "strategy": StrategyName.SINGLE},
+                                                  base=base_cfg),
                                       reps=reps, clock=clock)
 
             t21, t41, t22 = t(2, 1), t(4, 1), t(2, 2)
@@ -184,10 +167,9 @@ def calibrated_links(base_cfg, plain: Callable[..., Links], basis: Callable[[str
     return links
 
 
-DIST_CALIBRATION = (("ddp", "deferred"), ("zero1", "deferred"), ("zero2", "deferred"),
-                    ("zero2", "per-micro-batch"), ("zero3", "deferred"), ("zero3", "per-micro-batch"))
-"""(strategy, grad_sync) pairs the CPU calibration measures; the planner's rules allow
-per-micro-batch sync only under FSDP2 (zero2/zero3)."""
+DIST_CALIBRATION = tuple((s.name, sync) for s in STRATEGIES.values() if s.distributed for sync in s.grad_sync_choices)
+"""(strategy, grad_sync) pairs the CPU calibration measures: every distributed strategy, with each grad sync
+its row allows (per-micro-batch sync only under FSDP2)."""
 DIST_POINTS = ((2, 1), (2, 2), (2, 3))
 """(micro_batch, accumulation) each pair is measured at: three accumulations fit per-step and
 per-micro-batch overhead by least squares (plan.cost.fit_dist_overhead)."""
@@ -195,12 +177,6 @@ per-micro-batch overhead by least squares (plan.cost.fit_dist_overhead)."""
 
 def _dist_rank(rank: int, root, base: dict, pairs: tuple, points: tuple, reps: int) -> None:
     """Inside a rank of :func:`measure_dist_steps` (``strategies.launch.spawn_local``)."""
-    import json
-
-    import torch.distributed as dist
-
-    from trainfit.config import make_config
-
     base_cfg = make_config(base)
 
     def cfg_of(s: str, sync: str, mb: int, acc: int):
@@ -217,19 +193,13 @@ def _dist_rank(rank: int, root, base: dict, pairs: tuple, points: tuple, reps: i
     (root / f"rank{rank}.json").write_text(json.dumps(out))
 
 
-def measure_dist_steps(base_cfg, *, world: int = 2, pairs=DIST_CALIBRATION, points=DIST_POINTS,
+def measure_dist_steps(base_cfg: RunConfig, *, world: int = 2, pairs=DIST_CALIBRATION, points=DIST_POINTS,
                        reps: int = 15, timeout_s: float = 900) -> dict[tuple[str, str, int, int], float]:
     """Measure steps of each (strategy, grad_sync) at ``points`` on ``world`` gloo processes on this host.
 
     Spawns the ranks (``strategies.launch.spawn_local``: one torch thread each, file rendezvous);
     returns rank 0's median step per point (every rank waits for the slowest at each collective, so
     rank 0's time is the step's; the median, see ``measure_step_s``)."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from trainfit.strategies.launch import spawn_errors, spawn_local
-
     values = {f: getattr(base_cfg, f) for f in ("model", "model_config", "seq_len", "optimizer", "seed")}
     root = tempfile.mkdtemp(prefix="trainfit-calib-")
     codes = spawn_local(_dist_rank, root, values, tuple(pairs), tuple(points), reps, world_size=world,
@@ -241,19 +211,18 @@ def measure_dist_steps(base_cfg, *, world: int = 2, pairs=DIST_CALIBRATION, poin
     return {(s, sync, mb, acc): t for s, sync, mb, acc, t in json.loads(result.read_text())}
 
 
-def with_dist_overhead(links: Callable[..., Links], base_cfg, basis: Callable[[str, str], Basis], *,
+def with_dist_overhead(links: Callable[..., Links], base_cfg: RunConfig, basis: Callable[[str, str], Basis], *,
                        world: int = 2, strategies: tuple[str, ...] | None = None) -> tuple[Callable[..., Links], tuple]:
     """``links`` with ``dist_overhead`` fitted to steps measured on ``world`` gloo processes here.
 
     Measured once, in fp32 without checkpointing, and applied to every precision and checkpointing
     (the overhead is per collective and per FSDP unit, not per FLOP). Returns (links, rows)."""
-    from trainfit.plan.cost import fit_dist_overhead
-
     pairs = tuple(p for p in DIST_CALIBRATION if strategies is None or p[0] in strategies)
     if not pairs:
         return links, ()
     measured = measure_dist_steps(base_cfg, world=world, pairs=pairs)
-    rows = fit_dist_overhead(basis("fp32", "none"), links("fp32", "none"), n=world, measured=measured)
+    fp32 = PrecisionName.FP32
+    rows = fit_dist_overhead(basis(fp32, "none"), links(fp32, "none"), n=world, measured=measured)
 
     def calibrated(p: str, ck: str = "none") -> Links:
         return dataclasses.replace(links(p, ck), dist_overhead=rows)

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainfit.levers.checkpointing import CheckpointPolicy, NoCheckpointing, apply_checkpointing
 from trainfit.tasks.base import to_device
 
 
@@ -54,16 +53,17 @@ class FlopCounter:
 
     Args:
         build_model: the task's model factory (called on the meta device, or CPU as a fallback).
-        block_names: the task's ``block_names(model)``.
         loss_fn: the task's ``loss(model, batch)``.
-        policy: the run's activation checkpointing policy.
+        recompute: applies the run's activation checkpointing to a fresh model, in place (None: the
+            run recomputes nothing, hardware FLOPs = model FLOPs). A meter knows no lever: the probe
+            hands it the lever's effect.
         max_counts: distinct batch shapes to count at most (each count runs the model once on
             meta, ~0.1-0.5 s for a small model on a loaded CPU); steps needing more are not counted.
     """
 
-    def __init__(self, *, build_model: Callable[[], nn.Module], block_names: Callable[[nn.Module], list[str]],
-                 loss_fn: Callable, policy: CheckpointPolicy, max_counts: int = 8) -> None:
-        self.build_model, self.block_names, self.loss_fn, self.policy = build_model, block_names, loss_fn, policy
+    def __init__(self, *, build_model: Callable[[], nn.Module], loss_fn: Callable,
+                 recompute: Callable[[nn.Module], object] | None = None, max_counts: int = 8) -> None:
+        self.build_model, self.loss_fn, self.recompute = build_model, loss_fn, recompute
         self.max_counts = max_counts
         self.device = torch.device("meta")
         self._models: dict[bool, nn.Module] = {}
@@ -75,14 +75,14 @@ class FlopCounter:
                 m = self.build_model()
             m.train()
             if checkpointed:
-                apply_checkpointing(m, self.policy, self.block_names(m))
+                self.recompute(m)
             self._models[checkpointed] = m
         return self._models[checkpointed]
 
     def _count(self, batch) -> tuple[int, int]:
         b = to_device(batch, self.device)
         model_flops = count_flops(self._model(False), self.loss_fn, b)
-        if isinstance(self.policy, NoCheckpointing):
+        if self.recompute is None:
             return model_flops, model_flops
         return model_flops, count_flops(self._model(True), self.loss_fn, b)
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.measure.tracker import PARTS
+from trainfit.units import fmt_bytes
+from trainfit.vocabulary import PART_LABELS, PARTS, PrecisionName, precision_facts
 
 # Which lever targets which part (one table; the planner has the full compatibility rules).
 LEVERS: dict[str, str] = {
@@ -18,16 +19,6 @@ LEVERS: dict[str, str] = {
     "temporaries": "a smaller micro-batch (temporaries scale with it) or a shorter sequence",
 }
 
-PART_LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
-               "activations": "activations", "temporaries": "temporaries"}
-
-
-def fmt_bytes(n: float) -> str:
-    """Binary units, 3 significant figures: 1.50 GiB."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,10 +107,11 @@ def precision_notes(precision: str, n_params: int, params_bytes: int, master_byt
     if n_params == 0:
         return ()
     per = params_bytes / n_params
-    if precision in ("bf16-mixed", "fp16-mixed"):
+    facts = precision_facts(precision)
+    if facts.autocast:
         return (f"{precision}: weights stay fp32 under autocast ({per:.2f} B/param), so parameter memory is "
-                "NOT halved; only activations shrink. Use bf16-true to halve weights.",)
-    if precision in ("bf16-true", "fp16-true"):
+                f"NOT halved; only activations shrink. Use {PrecisionName.BF16_TRUE} to halve weights.",)
+    if facts.master_copy:
         return (f"{precision}: weights stored in half precision ({per:.2f} B/param, parameter memory halved), "
                 f"but the fp32 master copy adds {fmt_bytes(master_bytes)} "
                 f"({master_bytes / n_params:.2f} B/param) to optimizer state.",)

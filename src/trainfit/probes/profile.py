@@ -1,7 +1,7 @@
 """Where each step's time goes: the step-time breakdown, throughput, MFU and ordered advice.
 
 ``profile(run, options)`` runs warm-up + N real optimizer steps through the same
-``engine.optimizer_step`` that training uses, with a :class:`~trainfit.measure.timers.PhaseTimer`
+``run.step`` that training uses, with a :class:`~trainfit.meters.timers.PhaseTimer`
 threaded through it and the strategy's collectives wrapped in a ``comm`` phase; the step does
 not know it is measured. Phases:
 
@@ -31,12 +31,15 @@ from pathlib import Path
 import torch
 
 from trainfit.data import make_loader
-from trainfit.engine import optimizer_step
 from trainfit.errors import ConfigError, check_int, check_number
-from trainfit.measure import hardware, scaleout
-from trainfit.measure.advice import Findings, Thresholds, advise
-from trainfit.measure.flops import FlopCounter
-from trainfit.measure.timers import PhaseTimer
+from trainfit.levers.checkpointing import CheckpointPolicy, NoCheckpointing, apply_checkpointing
+from trainfit.meters import devices as hardware
+from trainfit.meters.flops import FlopCounter
+from trainfit.meters.timers import PhaseTimer
+from trainfit.probes import scaleout
+from trainfit.probes.advice import Findings, Thresholds, advise
+from trainfit.probes.memory import measure_memory
+from trainfit.run import Run
 from trainfit.tasks.base import to_device
 
 PARTS = ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s", "step_s")
@@ -102,7 +105,7 @@ def _split_sync(ph: dict[str, float], accumulation: int, world_size: int) -> tup
     return nosync + sync - exposed, exposed
 
 
-def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | None = None) -> list[dict]:
+def run_steps(run: Run, batches, *, steps: int, warmup: int, flops: FlopCounter | None = None) -> list[dict]:
     """Warm-up + ``steps`` timed optimizer steps; one dict of seconds (and counts, FLOPs) per step."""
     st, cfg = run.strategy, run.cfg
     timer = PhaseTimer(st.device)
@@ -115,9 +118,7 @@ def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | Non
         t1 = time.perf_counter()
         with timer.phase("h2d"):
             mbs = [to_device(mb, st.device) for mb in host]
-        res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
-                             micro_batches=mbs, loss_fn=run.task.loss, count_fn=run.task.count,
-                             strategy=timed, grad_clip=cfg.grad_clip, timer=timer)
+        res = run.step(mbs, timer=timer, strategy=timed)
         ph = timer.collect()  # CUDA: synchronizes
         t2 = time.perf_counter()
         if i < warmup:
@@ -137,6 +138,14 @@ def run_steps(run, batches, *, steps: int, warmup: int, flops: FlopCounter | Non
     return rows
 
 
+def task_flop_counter(task, policy: CheckpointPolicy) -> FlopCounter:
+    """A FLOP counter for ``task``'s model under ``policy`` (its recompute counted as hardware FLOPs)."""
+    if isinstance(policy, NoCheckpointing):
+        return FlopCounter(build_model=task.build_model, loss_fn=task.loss)
+    return FlopCounter(build_model=task.build_model, loss_fn=task.loss,
+                       recompute=lambda m: apply_checkpointing(m, policy, task.block_names(m)))
+
+
 def _batch_len(batch) -> int:
     for leaf in torch.utils._pytree.tree_leaves(batch):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
@@ -149,7 +158,7 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
 
 
-def step_batches(run, micro_batch: int, start_step: int = 0):
+def step_batches(run: Run, micro_batch: int, start_step: int = 0):
     """An iterator over this rank's micro-batches from ``start_step`` on (the run's loader settings)."""
     cfg, st = run.cfg, run.strategy
     return iter(make_loader(run.task.dataset(), run.task.collate, start_step=start_step, micro_batch=micro_batch,
@@ -157,7 +166,7 @@ def step_batches(run, micro_batch: int, start_step: int = 0):
                             workers=cfg.loader_workers))
 
 
-def _peak(run) -> tuple[float | None, str, str]:
+def _peak(run: Run) -> tuple[float | None, str, str]:
     """(peak FLOP/s, dtype, source) for MFU on this run's device; None when unknown."""
     dev = run.strategy.device
     tf32 = dev.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
@@ -175,13 +184,14 @@ def _peak(run) -> tuple[float | None, str, str]:
     return None, dtype, f"no peak FLOP/s known for device type {dev.type!r}"
 
 
-def _timeline(run, batches, steps: int, trace_dir: str | None) -> tuple[float | None, str | None]:
+def _timeline(run: Run, batches, steps: int, trace_dir: str | None) -> tuple[float | None, str | None]:
     """(device busy fraction, trace path) from ``torch.profiler`` over ``steps`` extra steps.
 
     The busy fraction is the union of CUDA kernel intervals over the steps' wall time (None on
     CPU); the Chrome trace is written only when ``trace_dir`` is given.
     """
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     cuda = run.strategy.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -211,7 +221,7 @@ def _rate(rows: list[dict]) -> float:
     return sum(r["count"] for r in rows) / max(sum(r["step_s"] - r["data_wait_s"] for r in rows), 1e-12)
 
 
-def _probe_batch(run, opts: ProfileOptions) -> tuple[float | None, tuple | None, str]:
+def _probe_batch(run: Run, opts: ProfileOptions) -> tuple[float | None, tuple | None, str]:
     """Throughput gain at 2x micro-batch (same model, optimizer and accumulation).
 
     Steps at m and 2m alternate, so a change in machine load hits both alike; the rates are
@@ -231,7 +241,7 @@ def _probe_batch(run, opts: ProfileOptions) -> tuple[float | None, tuple | None,
     return r2 / r1 - 1.0, (r1, r2), f"alternating steps at micro_batch={m} and {2 * m}"
 
 
-def _budget(run) -> tuple[int | None, str]:
+def _budget(run: Run) -> tuple[int | None, str]:
     if run.cfg.memory_cap:
         return run.cfg.memory_cap, "memory_cap"
     dev = run.strategy.device
@@ -240,16 +250,14 @@ def _budget(run) -> tuple[int | None, str]:
     return None, ""
 
 
-def _fit_micro_batch(run, m: int, max_micro_batch: int = 1024) -> tuple[int | None, str]:
+def _fit_micro_batch(run: Run, m: int, max_micro_batch: int = 1024) -> tuple[int | None, str]:
     """The largest micro-batch m*2^k whose measured memory report fits the budget.
 
-    Uses the memory report (``trainfit.measure.memory.measure_memory``: a real step under the
+    Uses the memory report (``trainfit.probes.memory.measure_memory``: a real step under the
     storage tracker, worst-case full-length batch): peaks at m and 2m give bytes per sample,
     the linear extrapolation proposes a candidate, and measured peaks decide (doubled while
     the next fits, halved until one does). Without a budget (CPU without memory_cap) it suggests 2m, which just ran.
     """
-    from trainfit.measure.memory import measure_memory
-
     budget, what = _budget(run)
     if budget is None:
         return 2 * m, (f"micro_batch={2 * m} ran in this profile; no memory budget is known on "
@@ -286,13 +294,12 @@ def _fit_micro_batch(run, m: int, max_micro_batch: int = 1024) -> tuple[int | No
     return None, f"no larger micro-batch fits {what} {budget / 2**20:,.1f} MiB (memory report at {m}: {p1:,} bytes)"
 
 
-def profile(run, options: ProfileOptions = ProfileOptions()) -> dict:
+def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> dict:
     """Profile ``run`` (from ``train.build_run``) and return the report as a JSON-able dict."""
     cfg, st = run.cfg, run.strategy
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "a number for profiling", "pass --micro-batch N")
-    flops = FlopCounter(build_model=run.task.build_model, block_names=run.task.block_names,
-                        loss_fn=run.task.loss, policy=cfg.checkpointing)
+    flops = task_flop_counter(run.task, cfg.checkpointing)
     batches = step_batches(run, cfg.micro_batch)
     rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops)
     parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}

@@ -31,7 +31,8 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
+from trainfit.vocabulary import PARTS
+
 PHASES = ("setup", "forward", "backward", "optimizer")
 _PERSISTENT = ("params", "optimizer")  # rarely freed: swept at phase changes only
 _aten = torch.ops.aten

@@ -24,12 +24,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainfit.data import make_loader
-from trainfit.engine import StepResult, optimizer_step
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.meters.tracker import memory_cap
+from trainfit.tasks.base import to_device
+
+if TYPE_CHECKING:  # annotations only: the Fitter is handed the built run, it never builds or imports one
+    from trainfit.engine import StepResult
+    from trainfit.run import Run
 
 
 def shrink(micro_batch: int, accumulation: int) -> tuple[int, int]:
@@ -70,12 +76,12 @@ class Fitter:
     """Feeds the training loop each step's micro-batches and steps them, shrinking on out-of-memory.
 
     Args:
-        run: the built run (``train.build_run``).
+        run: the built run (:func:`trainfit.run.build_run`); the Fitter steps it through ``run.step``.
         start_step: first optimizer step (after a resume).
         auto: shrink on out-of-memory (``micro_batch="auto"``); otherwise re-raise it.
     """
 
-    def __init__(self, run, *, start_step: int, auto: bool) -> None:
+    def __init__(self, run: Run, *, start_step: int, auto: bool) -> None:
         self.run, self.auto = run, auto
         self.micro_batch, self.accumulation = run.cfg.micro_batch, run.cfg.accumulation
         self.events: list[dict] = []
@@ -105,26 +111,19 @@ class Fitter:
         cap = self.run.cfg.memory_cap
         if not cap:
             return contextlib.nullcontext()
-        from trainfit.measure.tracker import memory_cap
-
         run = self.run
         return memory_cap(cap, model=run.model, optimizer=run.optimizer,
                           optimizer_params=run.precision.optimizer_params(run.model))
 
-    def step(self, step: int, micro_batches: list, **engine_kw) -> StepResult:
+    def step(self, step: int, micro_batches: list, **step_kw) -> StepResult:
         """One optimizer step over ``micro_batches``, redone with a smaller split after an out-of-memory."""
-        from trainfit.tasks.base import to_device
-
         run, st = self.run, self.run.strategy
         while True:
             oom: torch.OutOfMemoryError | None = None
             res, self._updating = None, False
             try:
                 with self._cap():
-                    res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
-                                         micro_batches=micro_batches, loss_fn=run.task.loss,
-                                         count_fn=run.task.count, strategy=st, grad_clip=run.cfg.grad_clip,
-                                         **engine_kw)
+                    res = run.step(micro_batches, **step_kw)
             except torch.OutOfMemoryError as e:
                 oom = e
             if not self._agree(oom is not None):
@@ -149,8 +148,7 @@ class Fitter:
 
     def _drop_partial_step(self, oom: torch.OutOfMemoryError) -> None:
         run = self.run
-        scaler = run.precision.scaler
-        if self._updating or getattr(getattr(scaler, "phase", None), "value", "ready") != "ready":
+        if self._updating or run.precision.mid_step:
             # The update may be partly applied, and a smaller micro-batch does not shrink it.
             raise TrainfitError(f"out of memory in the optimizer update, after the micro-batches fit: {oom} -- "
                                 "shard the optimizer state (zero1-3) or use a smaller optimizer") from oom

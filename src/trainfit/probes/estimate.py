@@ -1,6 +1,6 @@
 """Estimated memory: the same step under fake tensors, nothing allocated.
 
-The run is built and stepped exactly as :mod:`trainfit.measure.memory` does, but inside
+The run is built and stepped exactly as :mod:`trainfit.probes.memory` does, but inside
 ``FakeTensorMode``: every op runs its shape/dtype rule only, and the tracker counts the
 storages the real run would hold. ``.item()`` answers the healthy path (finite loss, no
 overflow), so the optimizer always steps.
@@ -31,16 +31,23 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
-from trainfit.levers.checkpointing import EveryKthBlock
-from trainfit.measure.memory import build_report, example_batch, masters_of, new_tracker, tracked_step, warm_up, with_batch
-from trainfit.measure.report import MemoryReport, fold_modules, precision_notes
-from trainfit.measure.tracker import PARTS, MemoryTracker
+from trainfit.meters.tracker import MemoryTracker
+from trainfit.probes.memory import (
+    build_report,
+    example_batch,
+    masters_of,
+    new_tracker,
+    tracked_step,
+    warm_up,
+    with_batch,
+)
+from trainfit.results import MemoryReport, fold_modules, precision_notes
+from trainfit.run import build_run
+from trainfit.tasks import make_task
+from trainfit.vocabulary import PARTS, STRATEGIES, EveryKthBlock, StrategyName, strategy_facts
 
 SHORTCUT_DEPTHS = (3, 4)
 """Block counts traced by the shortcut (the smallest with distinct first/second/second-to-last/last)."""
-STRATEGY_SHARDS = {"single": (), "ddp": (), "zero1": ("optimizer",), "zero2": ("optimizer", "grads"),
-                   "zero3": ("optimizer", "grads", "params")}
-"""Parts divided by the world size under each strategy (ZeRO paper, Rajbhandari et al. 2020, fig. 1)."""
 
 
 @contextlib.contextmanager
@@ -161,9 +168,6 @@ def _fake_batch(mode: FakeTensorMode, batch: Any) -> Any:
 
 def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
     """Build and step the run under fake tensors. Returns (run, tracker, stats, batch_size)."""
-    from trainfit.tasks import make_task
-    from trainfit.train import build_run
-
     if batch is None:
         task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
                          dataset_size=cfg.dataset_size)
@@ -248,7 +252,8 @@ def _extrapolate(cfg: RunConfig, task, batch: Any) -> MemoryReport | None:
         details={"shortcut": f"traced {a} and {b} of {L} blocks, extrapolated linearly per segment"})
 
 
-def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1, strategy: str = "single",
+def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
+                    strategy: str = StrategyName.SINGLE,
                     shortcut: bool = True) -> MemoryReport:
     """Estimate one optimizer step's memory without allocating (fake tensors).
 
@@ -256,22 +261,20 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1, s
         cfg: the run configuration.
         batch: None, an int (micro-batch size), or a ready (real, small) micro-batch.
         world_size: ranks the run is spread over (per-rank bytes are reported).
-        strategy: single, ddp, zero1, zero2, zero3 -- the parts it shards are divided by
+        strategy: a strategy name -- the parts its vocabulary row shards are divided by
             ``world_size`` analytically (gathered-parameter and bucket buffers are not counted).
         shortcut: trace 3 and 4 identical blocks and extrapolate (see module doc); False
             traces the whole model.
     Returns:
         A :class:`MemoryReport` with method="estimated".
     """
-    from trainfit.tasks import make_task
-
-    if strategy not in STRATEGY_SHARDS:
-        raise ConfigError("strategy", strategy, tuple(STRATEGY_SHARDS))
+    if strategy not in STRATEGIES:
+        raise ConfigError("strategy", strategy, tuple(STRATEGIES))
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError("world_size", world_size, "an integer >= 1")
     t0 = time.perf_counter()
     cfg, given = with_batch(cfg, batch)
-    cfg = dataclasses.replace(cfg, strategy="single", nproc=1)
+    cfg = dataclasses.replace(cfg, strategy=StrategyName.SINGLE, devices=1)  # traced on one device, sharded below
     task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
                      dataset_size=cfg.dataset_size)
     if given is None:
@@ -289,7 +292,7 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1, s
 
 def shard_parts(report: MemoryReport, strategy: str, world_size: int) -> MemoryReport:
     """Divide the parts a ZeRO stage shards by the world size (pure, analytic)."""
-    parts = STRATEGY_SHARDS[strategy]
+    parts = strategy_facts(strategy).shards  # ZeRO paper, Rajbhandari et al. 2020, fig. 1
     if world_size == 1 or not parts:
         return report
 

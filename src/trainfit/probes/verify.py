@@ -29,36 +29,11 @@ from torch import nn
 
 from trainfit.config import RunConfig
 from trainfit.data import global_indices, rank_micro_batches
-from trainfit.engine import optimizer_step
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.run import Run, build_run, make_optimizer
+from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.tasks.base import to_device
-from trainfit.train import build_run, make_optimizer
-
-
-@dataclass(frozen=True, kw_only=True)
-class Tolerance:
-    """Pass thresholds for one precision (measured on the built-ins; see tests/test_verify.py)."""
-
-    min_cosine: float
-    """Lowest gradient cosine similarity that passes."""
-    max_grad_rel_error: float
-    """Largest ``||g - g_ref|| / ||g_ref||`` that passes."""
-    max_update_rel_error: float
-    """Largest worst-tensor relative error of the parameter update that passes."""
-
-
-# fp32 differs from the reference only by summation order (~1e-7 relative). Half precisions
-# round every matmul input: bf16 keeps 8 mantissa bits (~4e-3 per op), fp16 keeps 11.
-# Adam's first update is ~sign(g), so tiny gradients whose sign flips under rounding
-# dominate the update error in half precision: that tolerance is loose on purpose, the
-# gradient checks carry the signal.
-TOLERANCES = {
-    "fp32": Tolerance(min_cosine=1 - 1e-6, max_grad_rel_error=1e-4, max_update_rel_error=1e-3),
-    "bf16-mixed": Tolerance(min_cosine=0.999, max_grad_rel_error=0.05, max_update_rel_error=1.0),
-    "fp16-mixed": Tolerance(min_cosine=0.9999, max_grad_rel_error=0.01, max_update_rel_error=1.0),
-    "bf16-true": Tolerance(min_cosine=0.995, max_grad_rel_error=0.1, max_update_rel_error=1.0),
-    "fp16-true": Tolerance(min_cosine=0.9995, max_grad_rel_error=0.03, max_update_rel_error=1.0),
-}
+from trainfit.vocabulary import Tolerance, precision_facts
 
 MAX_ATTEMPTS = 16
 """Overflowing attempts tolerated (each halves the loss scale) before giving up."""
@@ -125,7 +100,7 @@ def fp16_underflow_fraction(grads: list[torch.Tensor]) -> float:
 
 
 def judge(*, precision: str, cos: float, grad_rel: float, upd_rel: float, stepped: bool) -> tuple[Tolerance, bool]:
-    tol = TOLERANCES[precision]
+    tol = precision_facts(precision).tolerance
     ok = stepped and cos >= tol.min_cosine and grad_rel <= tol.max_grad_rel_error and upd_rel <= tol.max_update_rel_error
     return tol, ok
 
@@ -165,7 +140,7 @@ def _mean_of_means_grads(model: nn.Module, task, micro_batches: list) -> list[to
     return grads
 
 
-def verify(cfg: RunConfig, *, strategy=None) -> VerifyReport:
+def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
     """Step the configured levers once and compare with the fp32 big-batch reference.
 
     Raises:
@@ -174,8 +149,6 @@ def verify(cfg: RunConfig, *, strategy=None) -> VerifyReport:
     """
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "verify checks one concrete split; pass --micro-batch N")
-    from trainfit.strategies import fit_to_world, make_strategy
-
     strategy = strategy or make_strategy(cfg)
     cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> this rank's accumulation
     run = build_run(cfg, strategy=strategy)
@@ -219,17 +192,16 @@ def verify(cfg: RunConfig, *, strategy=None) -> VerifyReport:
     local_idx = rank_micro_batches(0, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation, rank=st.rank,
                                    world_size=world, dataset_size=len(ds), seed=cfg.seed)
     mbs = [to_device(task.collate([ds[i] for i in mb]), st.device) for mb in local_idx]
-    skipped, stepped, scale = 0, False, prec.scaler.scale
+    skipped, stepped, scale = 0, False, prec.loss_scale
     try:
         for _ in range(MAX_ATTEMPTS):
-            scale = prec.scaler.scale
-            res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=prec, micro_batches=mbs,
-                                 loss_fn=task.loss, count_fn=task.count, strategy=st, grad_clip=cfg.grad_clip)
+            scale = prec.loss_scale
+            res = run.step(mbs)
             if res.stepped:
                 stepped = True
                 break
             skipped += 1
-            if not prec.scaler.enabled:
+            if not prec.scales_loss:
                 break  # without a scaler a retry would overflow the same way
     finally:
         prec.unscale_and_check = original
@@ -251,7 +223,7 @@ def verify(cfg: RunConfig, *, strategy=None) -> VerifyReport:
                         tolerance=tol, passed=ok, causes=causes)
 
 
-def _diagnose(cfg, run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,
+def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,
               tol) -> list[str]:
     """Test the known failure hypotheses against the reference; most specific first."""
     causes = []
@@ -259,10 +231,10 @@ def _diagnose(cfg, run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, s
         causes.append(f"all {skipped} attempts were skipped (non-finite gradients or loss) with precision="
                       f"{cfg.precision}; the step never ran")
         return causes
-    if run.precision.scaler.enabled and near_ratio(ratio, scale):
+    if run.precision.scales_loss and near_ratio(ratio, scale):
         causes.append(f"gradients reach the optimizer still multiplied by the loss scale (norm {ratio:.4g}x the "
                       f"reference, loss scale {scale:g}): the loss scaler is never unscaled before clipping/step")
-    elif run.precision.scaler.enabled and near_ratio(ratio, 1 / scale):
+    elif run.precision.scales_loss and near_ratio(ratio, 1 / scale):
         causes.append(f"gradients are divided by the loss scale twice (norm {ratio:.3g}x the reference, "
                       f"1/scale = {1 / scale:.3g}): unscaled more than once")
     # Mean of means: rebuild all ranks' micro-batches and see whether the configured

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
-from trainfit.measure.report import MemoryReport, fmt_bytes
+from trainfit.probes.estimate import estimate_memory
+from trainfit.probes.memory import measure_memory
+from trainfit.results import MemoryReport
+from trainfit.units import fmt_bytes
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
@@ -119,9 +122,6 @@ def fit_batch_scaling(cfg: RunConfig, *, batches: Sequence[int] | None = None, m
         method: "estimate" (fake tensors) or "measure" (real step).
         reports: reports already made for this run (their sizes are not redone).
     """
-    from trainfit.measure.estimate import estimate_memory
-    from trainfit.measure.memory import measure_memory
-
     if method not in ("estimate", "measure"):
         raise ConfigError("method", method, ("estimate", "measure"))
     if batches is None:

@@ -3,7 +3,7 @@
 ``measure_memory(cfg)`` builds the run exactly as training does (``build_run``: task,
 checkpointing, precision, strategy, optimizer), runs one warm-up step so the optimizer
 state exists, then runs the step again under :class:`MemoryTracker` through the same
-``engine.optimizer_step`` that training uses -- so every precision and checkpointing
+``run.step`` that training uses -- so every precision and checkpointing
 policy is measured as it really runs. The step does not know it is measured.
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from trainfit.config import RunConfig
-from trainfit.engine import optimizer_step
 from trainfit.errors import ConfigError
-from trainfit.measure.report import MemoryReport, fold_modules, precision_notes
-from trainfit.measure.tracker import MemoryTracker, memory_cap
+from trainfit.meters.tracker import MemoryTracker, memory_cap
+from trainfit.results import MemoryReport, fold_modules, precision_notes
+from trainfit.run import Run, build_run
 from trainfit.tasks.base import to_device
 
 _WARMUP_TRIES = 8  # fp16 may skip the first steps on overflow; optimizer state needs one real step
@@ -58,8 +58,8 @@ def batch_size_of(batch: Any) -> int:
     return 1
 
 
-def tracked_step(run, micro_batches: Sequence[Any], tracker: MemoryTracker) -> None:
-    """One ``optimizer_step`` under ``tracker``, labelling phases forward/backward/optimizer.
+def tracked_step(run: Run, micro_batches: Sequence[Any], tracker: MemoryTracker) -> None:
+    """One ``run.step`` under ``tracker``, labelling phases forward/backward/optimizer.
 
     The phase is set from outside the step: forward while the task's loss runs, backward
     from the loss until autograd's last backward of the window ends, optimizer after.
@@ -84,30 +84,25 @@ def tracked_step(run, micro_batches: Sequence[Any], tracker: MemoryTracker) -> N
     tracker.listeners.append(watch)
     try:
         with tracker:
-            optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
-                           micro_batches=micro_batches, loss_fn=loss_fn, count_fn=run.task.count,
-                           strategy=run.strategy, grad_clip=run.cfg.grad_clip)
+            run.step(micro_batches, loss_fn=loss_fn)
     finally:
         tracker.listeners.remove(watch)
 
 
-def warm_up(run, micro_batches: Sequence[Any]) -> None:
+def warm_up(run: Run, micro_batches: Sequence[Any]) -> None:
     """Step until the optimizer has taken one real step (its state exists)."""
     for _ in range(_WARMUP_TRIES):
-        res = optimizer_step(model=run.model, optimizer=run.optimizer, precision=run.precision,
-                             micro_batches=micro_batches, loss_fn=run.task.loss, count_fn=run.task.count,
-                             strategy=run.strategy, grad_clip=run.cfg.grad_clip)
-        if res.stepped:
+        if run.step(micro_batches).stepped:
             return
 
 
-def new_tracker(run, **kw) -> MemoryTracker:
+def new_tracker(run: Run, **kw) -> MemoryTracker:
     tracker = MemoryTracker(**kw)
-    tracker.register_run(run.model, run.optimizer, run.precision.optimizer_params(run.model))
+    tracker.register_run(run.model, run.optimizer, run.optimizer_params())
     return tracker
 
 
-def build_report(run, tracker: MemoryTracker, *, method: str, batch: int, masters: Sequence[torch.Tensor],
+def build_report(run: Run, tracker: MemoryTracker, *, method: str, batch: int, masters: Sequence[torch.Tensor],
                  wall_s: float, device_stats: tuple[int | None, int | None] = (None, None),
                  details: dict | None = None) -> MemoryReport:
     cfg = run.cfg
@@ -133,12 +128,12 @@ def build_report(run, tracker: MemoryTracker, *, method: str, batch: int, master
         wall_s=wall_s, details=details or {})
 
 
-def masters_of(run) -> list[torch.Tensor]:
+def masters_of(run: Run) -> list[torch.Tensor]:
     params = {id(p) for p in run.model.parameters()}
-    return [t for t in run.precision.optimizer_params(run.model) if id(t) not in params]
+    return [t for t in run.optimizer_params() if id(t) not in params]
 
 
-def measure_memory(cfg: RunConfig, *, batch: Any = None, run=None) -> MemoryReport:
+def measure_memory(cfg: RunConfig, *, batch: Any = None, run: Run | None = None) -> MemoryReport:
     """Measure one real optimizer step (the second) and account every live storage.
 
     Args:
@@ -149,8 +144,6 @@ def measure_memory(cfg: RunConfig, *, batch: Any = None, run=None) -> MemoryRepo
     Returns:
         A :class:`MemoryReport` with method="measured".
     """
-    from trainfit.train import build_run
-
     t0 = time.perf_counter()
     cfg, given = with_batch(cfg, batch)
     run = run or build_run(cfg)

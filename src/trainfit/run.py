@@ -1,0 +1,138 @@
+"""The built run: one typed object made once from a RunConfig, and the one way to step it.
+
+    build_run(cfg): task -> model -> checkpointing -> precision.prepare -> strategy.wrap -> optimizer
+    run.step(micro_batches, timer=...)   one optimizer step (``engine.optimizer_step``)
+    run.save(step) / run.load(run_dir)   checkpoints, through the strategy (``.pt`` or sharded DCP)
+
+The training loop, memory measure and estimate, profile, verify, calibration and auto-fit all
+step a run through :meth:`Run.step`; none of them re-assembles the engine's arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainfit.checkpoint import restore_rng, rng_state
+from trainfit.config import RunConfig
+from trainfit.engine import LossFn, StepResult, optimizer_step
+from trainfit.errors import CheckpointError, ConfigError
+from trainfit.levers.accumulation import warn_if_batchnorm
+from trainfit.levers.checkpointing import apply_checkpointing
+from trainfit.levers.precision import Precision, make_precision
+from trainfit.meters.timers import NULL_TIMER, Timer
+from trainfit.strategies import Strategy, make_strategy
+from trainfit.tasks import Task, make_task
+from trainfit.vocabulary import Optimizer
+
+RESUME_KEYS = ("model", "model_config", "precision", "optimizer", "micro_batch", "accumulation", "seed", "seq_len")
+"""Config fields a checkpoint must agree on to be resumed (the one list, for .pt and sharded checkpoints)."""
+
+
+def make_optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The configured optimizer over ``params`` (torch's default implementation for the device)."""
+    if cfg.optimizer == Optimizer.ADAMW:
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == Optimizer.ADAM:
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+
+
+@dataclass
+class Run:
+    """Everything built for one run. Step it with :meth:`step`; checkpoint it with :meth:`save`/:meth:`load`."""
+
+    cfg: RunConfig
+    task: Task
+    model: nn.Module
+    precision: Precision
+    strategy: Strategy
+    optimizer: torch.optim.Optimizer
+    checkpointed: list[str] = field(default_factory=list)
+    """Blocks wrapped in activation checkpointing."""
+    batchnorm: list[str] = field(default_factory=list)
+    """BatchNorm modules (they see one micro-batch, not the accumulated batch)."""
+
+    def step(self, micro_batches: Sequence, *, timer: Timer = NULL_TIMER, loss_fn: LossFn | None = None,
+             strategy: Strategy | None = None) -> StepResult:
+        """One optimizer step over this rank's ``micro_batches`` (already on the device).
+
+        ``timer`` brackets the phases (profile); ``loss_fn`` and ``strategy`` let a probe observe the
+        task's loss or the strategy's collectives from outside (memory labels phases, profile times
+        collectives) -- the step itself is the training step.
+        """
+        return optimizer_step(model=self.model, optimizer=self.optimizer, precision=self.precision,
+                              micro_batches=micro_batches, loss_fn=loss_fn or self.task.loss,
+                              count_fn=self.task.count, strategy=strategy or self.strategy,
+                              grad_clip=self.cfg.grad_clip, timer=timer)
+
+    def optimizer_params(self) -> list[torch.Tensor]:
+        """What the optimizer updates (the fp32 master copies where the precision keeps them)."""
+        return self.precision.optimizer_params(self.model)
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        """Checkpoint after ``step`` optimizer steps, in the strategy's format."""
+        self.strategy.save(self, step)
+
+    def load(self, run_dir: str | Path) -> int | None:
+        """Restore the newest checkpoint in ``run_dir``; the next step to run, or None when there is none."""
+        return self.strategy.load(self, Path(run_dir))
+
+    def state(self, step: int) -> dict:
+        """The whole state of a one-file checkpoint after ``step`` optimizer steps."""
+        return {
+            "step": step,
+            "config": self.cfg.to_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+            "rng": rng_state(self.strategy.device),
+            "data": {"next_step": step},
+        }
+
+    def restore(self, state: dict, path: Path) -> int:
+        """Load a one-file checkpoint's ``state``; returns the next step to run."""
+        check_resumable(state.get("config", {}), self.cfg, path)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.precision.load_state_dict(state["precision"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: "
+                                  f"{str(e).splitlines()[0]}") from None
+        restore_rng(state["rng"], self.strategy.device)
+        return int(state["data"]["next_step"])
+
+
+def check_resumable(saved: dict, cfg: RunConfig, path: Path) -> None:
+    """Refuse a checkpoint written with a different job (any of :data:`RESUME_KEYS`)."""
+    now = cfg.to_dict()
+    for key in RESUME_KEYS:
+        if key in saved and saved[key] != now[key]:
+            raise CheckpointError(f"checkpoint {path} was written with {key}={saved[key]!r}, this run has "
+                                  f"{key}={now[key]!r}; resume with the same {key} or use a new --run-dir")
+
+
+def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
+    """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
+    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
+                     dataset_size=cfg.dataset_size)
+    strategy = strategy or make_strategy(cfg)
+    model = task.build_model()
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model", cfg.model, "a factory returning a torch.nn.Module")
+    bn = warn_if_batchnorm(model, cfg.accumulation)
+    blocks = task.block_names(model)
+    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
+    precision = make_precision(cfg.precision)
+    precision.prepare(model)
+    model = strategy.wrap(model, precision, blocks)
+    # zero1: each rank keeps the state of its partition only; the other strategies return it as it is.
+    optimizer = strategy.shard_optimizer(make_optimizer(cfg, precision.optimizer_params(model)))
+    return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
+               checkpointed=checkpointed, batchnorm=bn)

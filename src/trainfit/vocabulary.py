@@ -1,0 +1,334 @@
+"""One vocabulary for every lever: the typed names, and one row of facts per precision and per strategy.
+
+Every other module reads these rows: the CLI help, config validation, the precision and strategy
+factories, the FSDP2 policy, the memory estimator's sharding, the planner's search space and cost
+model, the comm model's collectives, verify's tolerances and the report's labels. Pure: no torch.
+
+Adding a precision or a strategy = its implementation module + one row here + tests
+(``docs/architecture.md`` walks through it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from trainfit.errors import ConfigError
+
+
+class PrecisionName(StrEnum):
+    FP32 = "fp32"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "fp16-mixed"
+    BF16_TRUE = "bf16-true"
+    FP16_TRUE = "fp16-true"
+
+
+class StrategyName(StrEnum):
+    SINGLE = "single"
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+
+
+class Dtype(StrEnum):
+    """Arithmetic a device computes in (tf32: fp32 matmuls on tensor cores, where enabled)."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+TORCH_DTYPE_NAMES = {Dtype.FP32: "float32", Dtype.TF32: "float32", Dtype.BF16: "bfloat16", Dtype.FP16: "float16"}
+"""The ``torch`` attribute of each dtype (the torch shells look it up; the vocabulary stays pure)."""
+
+
+class GradSync(StrEnum):
+    DEFERRED = "deferred"
+    """Sync gradients once per optimizer step (after the last micro-batch)."""
+    PER_MICRO_BATCH = "per-micro-batch"
+    """Reduce-scatter after every micro-batch (zero2/zero3: less memory, more traffic)."""
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
+"""The parts memory is split into, in display order."""
+
+PART_LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
+               "activations": "activations", "temporaries": "temporaries"}
+
+
+# -- precision ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Tolerance:
+    """verify's pass thresholds for one precision (measured on the built-ins; see tests/test_verify.py)."""
+
+    min_cosine: float
+    """Lowest gradient cosine similarity that passes."""
+    max_grad_rel_error: float
+    """Largest ``||g - g_ref|| / ||g_ref||`` that passes."""
+    max_update_rel_error: float
+    """Largest worst-tensor relative error of the parameter update that passes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionFacts:
+    name: PrecisionName
+    label: str
+    """One line for help texts and reports."""
+    compute: Dtype
+    """dtype matmuls run in: fp32, bf16 or fp16 (fp32 may run as tf32 on a GPU that allows it)."""
+    weights: Dtype
+    """dtype the model's weights are stored in."""
+    autocast: Dtype | None
+    """dtype autocast computes in (None: no autocast)."""
+    master_copy: bool
+    """An fp32 copy of the weights outside the model is what the optimizer updates."""
+    loss_scaling: bool
+    """Dynamic loss scaling (fp16's narrow exponent range)."""
+    bytes_per_param: tuple[int, int, int, int]
+    """(weights, gradients, fp32 master copy, activation element) bytes -- the planner's analytic basis."""
+    tolerance: Tolerance
+    """verify's thresholds."""
+
+
+# fp32 differs from the reference only by summation order (~1e-7 relative). Half precisions round every
+# matmul input: bf16 keeps 8 mantissa bits (~4e-3 per op), fp16 keeps 11. Adam's first update is ~sign(g),
+# so tiny gradients whose sign flips under rounding dominate the update error in half precision: that
+# tolerance is loose on purpose, the gradient checks carry the signal.
+PRECISIONS: dict[PrecisionName, PrecisionFacts] = {p.name: p for p in (
+    PrecisionFacts(name=PrecisionName.FP32, label="fp32 weights and compute", compute=Dtype.FP32, weights=Dtype.FP32,
+                   autocast=None, master_copy=False, loss_scaling=False, bytes_per_param=(4, 4, 0, 4),
+                   tolerance=Tolerance(min_cosine=1 - 1e-6, max_grad_rel_error=1e-4, max_update_rel_error=1e-3)),
+    PrecisionFacts(name=PrecisionName.BF16_MIXED, label="fp32 weights, bf16 autocast", compute=Dtype.BF16,
+                   weights=Dtype.FP32, autocast=Dtype.BF16, master_copy=False, loss_scaling=False,
+                   bytes_per_param=(4, 4, 0, 2),  # autocast casts per op: weights, grads, state stay fp32
+                   tolerance=Tolerance(min_cosine=0.999, max_grad_rel_error=0.05, max_update_rel_error=1.0)),
+    PrecisionFacts(name=PrecisionName.FP16_MIXED, label="fp32 weights, fp16 autocast, dynamic loss scaling",
+                   compute=Dtype.FP16, weights=Dtype.FP32, autocast=Dtype.FP16, master_copy=False, loss_scaling=True,
+                   bytes_per_param=(4, 4, 0, 2),
+                   tolerance=Tolerance(min_cosine=0.9999, max_grad_rel_error=0.01, max_update_rel_error=1.0)),
+    PrecisionFacts(name=PrecisionName.BF16_TRUE, label="bf16 weights + fp32 master copy", compute=Dtype.BF16,
+                   weights=Dtype.BF16, autocast=None, master_copy=True, loss_scaling=False,
+                   bytes_per_param=(2, 2, 4, 2),  # half weights + fp32 master (Micikevicius et al. 2018)
+                   tolerance=Tolerance(min_cosine=0.995, max_grad_rel_error=0.1, max_update_rel_error=1.0)),
+    PrecisionFacts(name=PrecisionName.FP16_TRUE, label="fp16 weights + fp32 master copy, dynamic loss scaling",
+                   compute=Dtype.FP16, weights=Dtype.FP16, autocast=None, master_copy=True, loss_scaling=True,
+                   bytes_per_param=(2, 2, 4, 2),
+                   tolerance=Tolerance(min_cosine=0.9995, max_grad_rel_error=0.03, max_update_rel_error=1.0)),
+)}
+
+
+def precision_facts(name: str) -> PrecisionFacts:
+    return PRECISIONS[PrecisionName(name)]
+
+
+def mixed_counterpart(name: str) -> PrecisionName:
+    """The autocast precision computing in the same dtype (``bf16-true`` -> ``bf16-mixed``)."""
+    compute = precision_facts(name).compute
+    return next(p.name for p in PRECISIONS.values() if p.compute == compute and not p.master_copy)
+
+
+# -- strategy ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One ring collective of a strategy's optimizer step (the comm model prices it)."""
+
+    op: str
+    """all_reduce, reduce_scatter or all_gather."""
+    of: str
+    """Which buffer it moves: "grads" or "params"."""
+    times: str
+    """"once" per optimizer step, or "per_micro_batch" (ZeRO-3 gathers freed parameters again)."""
+
+
+RING_SOURCE = ("P. Patarasuk, X. Yuan, 'Bandwidth optimal all-reduce algorithms for clusters of workstations', "
+               "J. Parallel Distrib. Comput. 69(2), 2009: ring all-reduce sends 2(n-1)/n x B per device")
+ZERO_SOURCE = ("S. Rajbhandari et al., 'ZeRO: Memory Optimizations Toward Training Trillion Parameter Models', "
+               "SC20, sec. 7 (communication analysis)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyFacts:
+    name: StrategyName
+    label: str
+    distributed: bool
+    """Needs a process group of two or more ranks."""
+    shards: tuple[str, ...]
+    """Model-state parts divided by the data-parallel degree."""
+    sharding_note: str
+    """Where the memory rule comes from (the planner prints it)."""
+    fsdp: bool = False
+    """Built on FSDP2 (fully_shard): gradients reduce-scattered into shards, a mixed-precision policy."""
+    reshard_after_forward: bool = False
+    """FSDP2: free the gathered parameters after forward (gather again for backward)."""
+    shards_optimizer_by_parameter: bool = False
+    """The optimizer state is partitioned by whole parameters (ZeroRedundancyOptimizer)."""
+    collectives: tuple[Collective, ...] = ()
+    """The ring collectives of one optimizer step, in order (the comm model's bytes)."""
+    traffic_formula: str = ""
+    """Bytes sent per device per step, with G = gradient bytes and P = parameter bytes."""
+    traffic_source: str = ""
+    """Where the formula comes from."""
+
+    @property
+    def grad_sync_choices(self) -> tuple[GradSync, ...]:
+        """FSDP2 can reduce-scatter after each micro-batch; DDP's no_sync defers to the last one only."""
+        return tuple(GradSync) if self.fsdp else (GradSync.DEFERRED,)
+
+
+_AR = Collective(op="all_reduce", of="grads", times="once")
+_RS = Collective(op="reduce_scatter", of="grads", times="once")
+_AG = Collective(op="all_gather", of="params", times="once")
+_AG_MB = Collective(op="all_gather", of="params", times="per_micro_batch")  # ZeRO-3 frees params after use
+
+STRATEGIES: dict[StrategyName, StrategyFacts] = {s.name: s for s in (
+    StrategyFacts(name=StrategyName.SINGLE, label="one device", distributed=False, shards=(),
+                  sharding_note="one device holds everything"),
+    StrategyFacts(name=StrategyName.DDP, label="data parallel (DistributedDataParallel)", distributed=True,
+                  shards=(), collectives=(_AR,), traffic_formula="2(n-1)/n x G",
+                  traffic_source=RING_SOURCE + "; PyTorch DDP all-reduces gradient buckets once per step",
+                  sharding_note="DDP replicates params, grads, optimizer state; its flat buckets hold a second "
+                                "copy of the grads (PyTorch DDP, gradient_as_bucket_view=False)"),
+    StrategyFacts(name=StrategyName.ZERO1, label="DDP + optimizer state sharded (ZeroRedundancyOptimizer)",
+                  distributed=True, shards=("optimizer",), shards_optimizer_by_parameter=True,
+                  collectives=(_RS, _AG), traffic_formula="(n-1)/n x G + (n-1)/n x P",
+                  traffic_source=ZERO_SOURCE + ": stage 1/2 = reduce-scatter grads + all-gather updated params, "
+                                               "same volume as DDP (2 psi)",
+                  sharding_note="ZeRO stage 1 (Rajbhandari et al., SC20): optimizer state / n; trainfit's zero1 "
+                                "is DDP + ZeroRedundancyOptimizer, so DDP's bucket copy of the gradients stays"),
+    StrategyFacts(name=StrategyName.ZERO2, label="FSDP2, gradients and optimizer state sharded", distributed=True,
+                  shards=("optimizer", "grads"), fsdp=True, collectives=(_RS, _AG),
+                  traffic_formula="(n-1)/n x G + (n-1)/n x P",
+                  traffic_source=ZERO_SOURCE + ": stage 2 = stage 1 traffic (2 psi)",
+                  sharding_note="ZeRO stage 2: + gradients / n (FSDP2, reshard_after_forward=False keeps the "
+                                "gathered compute copy of the params between forward and backward)"),
+    StrategyFacts(name=StrategyName.ZERO3, label="FSDP2, parameters, gradients and optimizer state sharded",
+                  distributed=True, shards=("optimizer", "grads", "params"), fsdp=True, reshard_after_forward=True,
+                  collectives=(_AG_MB, _RS, _AG_MB),
+                  traffic_formula="2K x (n-1)/n x P + (n-1)/n x G  (K micro-batches; K=1: ~1.5x DDP)",
+                  traffic_source=ZERO_SOURCE + ": stage 3 all-gathers params in forward and again in backward, "
+                                 "reduce-scatters grads: 3 psi = 1.5x DDP; the gathers repeat for every micro-batch",
+                  sharding_note="ZeRO stage 3: + params / n (FSDP2 gathers a unit at a time; at the activation "
+                                "peak at most the largest unit is whole)"),
+)}
+
+
+def strategy_facts(name: str) -> StrategyFacts:
+    return STRATEGIES[StrategyName(name)]
+
+
+DISTRIBUTED = tuple(s.name for s in STRATEGIES.values() if s.distributed)
+
+
+def refusal(strategy: str, precision: str) -> str | None:
+    """Why ``strategy`` cannot run ``precision`` (None when it can): the one compatibility rule.
+
+    FSDP2 shards the model's own parameters; a precision whose optimizer updates fp32 master copies kept
+    outside the model would leave those unsharded (every rank holding all of them) and shard half weights
+    the optimizer never updates.
+    """
+    s, p = strategy_facts(strategy), precision_facts(precision)
+    if not (s.fsdp and p.master_copy):
+        return None
+    mixed = mixed_counterpart(precision)
+    scaler = (", with a loss scaler that checks each rank's gradient shard and agrees on overflow across ranks"
+              if p.loss_scaling else "")
+    return (f"the fp32 master copies of {p.name} live outside the model, so FSDP2 cannot shard them (every rank "
+            f"would hold all of them) and the half weights it would shard are not what the optimizer updates; use "
+            f"{mixed}: under {s.name} FSDP2 keeps the weights sharded in fp32 (the master copy, sharded) and computes "
+            f"in {p.compute} (MixedPrecisionPolicy param_dtype={p.compute}, reduce_dtype=float32){scaler}")
+
+
+def check_compatible(strategy: str, precision: str) -> None:
+    """Raise ConfigError (naming the precision, what is allowed and why) when ``strategy`` cannot run it."""
+    why = refusal(strategy, precision)
+    if why:
+        allowed = choices(p for p in PRECISIONS if refusal(strategy, p) is None)
+        raise ConfigError("precision", precision, f"{allowed} with strategy={strategy}", why)
+
+
+def choices(names) -> str:
+    """``a, b or c`` for help texts."""
+    names = [str(n) for n in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+# -- activation checkpointing policy -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class NoCheckpointing:
+    """Keep every activation (fastest, most memory)."""
+
+    @property
+    def spec(self) -> str:
+        return "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EveryBlock:
+    """Checkpoint every repeated block of the model."""
+
+    @property
+    def spec(self) -> str:
+        return "full"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EveryKthBlock:
+    """Selective: checkpoint every k-th block (blocks 0, k, 2k, ...)."""
+
+    k: int
+    """Stride between checkpointed blocks; k=1 is the same as full."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ConfigError("checkpointing", f"every:{self.k}", "every:K with an integer K >= 1")
+
+    @property
+    def spec(self) -> str:
+        return f"every:{self.k}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ByClassName:
+    """Checkpoint every module whose class name is listed (for any model)."""
+
+    names: tuple[str, ...]
+    """Module class names, e.g. ("LlamaDecoderLayer",)."""
+
+    def __post_init__(self) -> None:
+        if not self.names or not all(isinstance(n, str) and n for n in self.names):
+            raise ConfigError("checkpointing", self.spec, "class:Name[,Name...] with non-empty names")
+
+    @property
+    def spec(self) -> str:
+        return "class:" + ",".join(self.names)
+
+
+CheckpointPolicy = NoCheckpointing | EveryBlock | EveryKthBlock | ByClassName
+CHECKPOINT_SPECS = ("none", "full", "every:K", "class:Name[,Name]")
+
+
+def parse_checkpoint_policy(spec: str) -> CheckpointPolicy:
+    """Parse ``none``, ``full``, ``every:K`` or ``class:Name[,Name]``."""
+    s = str(spec).strip()
+    if s == "none":
+        return NoCheckpointing()
+    if s in ("full", "block", "every-block"):
+        return EveryBlock()
+    if s.startswith("every:"):
+        try:
+            k = int(s.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError("checkpointing", spec, CHECKPOINT_SPECS) from None
+        return EveryKthBlock(k=k)
+    if s.startswith("class:"):
+        return ByClassName(names=tuple(n.strip() for n in s.split(":", 1)[1].split(",")))
+    raise ConfigError("checkpointing", spec, CHECKPOINT_SPECS)
