@@ -78,8 +78,26 @@ def config_from_args(args: argparse.Namespace, **overrides: Any):
     return make_config(values)
 
 
+USAGE = """\
+Make a PyTorch training run fit in memory and scale across devices -- measuring before changing anything.
+
+first hour:
+  trainfit train                          train the built-in GPT on generated data (about 2 minutes on 2 cores)
+  trainfit memory --precision bf16-mixed  what fills memory in one step: parameters, gradients, optimizer, activations
+  trainfit profile                        where each step's time goes, and what to change first
+  trainfit verify --accumulation 4        check a configuration against the fp32 big-batch reference
+  trainfit plan --model llama-7b --global-batch 512 --seq 4096 --device-memory 80GiB --devices 64
+                                          choose precision, micro-batch, checkpointing and strategy before running
+  trainfit report RUN_DIR                 one HTML page of what a run directory holds
+
+Every command takes --json (one object on stdout); train, memory, profile and verify also read a TOML config
+whose keys are the flags' names (micro_batch = 8).
+Bad input gives one line naming the field, the value and what is allowed, and exit status 2.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="trainfit", description=__doc__.splitlines()[0])
+    parser = Parser(prog="trainfit", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"trainfit.commands.{name}").register(sub)

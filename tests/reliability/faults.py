@@ -8,7 +8,7 @@ steps (1-based, counted from the start of this process's run):
   finite, which is exactly what an fp16 overflow looks like to the step.
 * ``nan-loss``: the loss value is NaN (so are its gradients).
 
-Use :func:`patch_make_task` to make ``trainfit.train`` build faulty tasks in-process.
+Use :func:`patch_make_task` to make ``trainfit.run.build_run`` build faulty tasks in-process.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def faulty_task(task, *, bad_steps: set[int], kind: str, accumulation: int):
 
 
 def patch_make_task(monkeypatch, *, bad_steps, kind: str, accumulation: int) -> None:
-    import trainfit.train as train_mod
+    import trainfit.run as train_mod
 
     real = train_mod.make_task
 

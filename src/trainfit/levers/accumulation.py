@@ -28,7 +28,8 @@ AllReduceSum = Callable[[torch.Tensor], None]
 
 def loss_weight(global_count: int, world_size: int = 1) -> float:
     """Factor applied to each micro-batch's loss *sum* (pure)."""
-    assert world_size >= 1
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size!r} is not valid; allowed: an integer >= 1")
     return world_size / max(global_count, 1)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.plan.cost import Basis, Candidate, Links, activation_precision, memory, step_time
 from trainfit.plan.rules import Context, broken_rules
+from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync
 
 PRECISION_CHOICES = tuple(PRECISIONS)
@@ -151,9 +152,9 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
         reasons = []
         if not fits:
             big = max(mem.parts().items(), key=lambda kv: kv[1])
-            reasons.append(f"peak {_gib(mem.peak_bytes)} > budget {_gib(space.budget_bytes)} "
-                           f"({_gib(space.memory_bytes)} less {space.headroom:.0%} headroom); largest part: "
-                           f"{big[0]} {_gib(big[1])}")
+            reasons.append(f"peak {fmt_bytes(mem.peak_bytes)} > budget {fmt_bytes(space.budget_bytes)} "
+                           f"({fmt_bytes(space.memory_bytes)} less {space.headroom:.0%} headroom); largest part: "
+                           f"{big[0]} {fmt_bytes(big[1])}")
         if t.exposed_comm_s > t.compute_s:
             reasons.append(f"communication-bound: {t.exposed_comm_s:.3g} s of exposed communication vs "
                            f"{t.compute_s:.3g} s of compute per step: the interconnect, not the devices, sets "
@@ -208,21 +209,17 @@ def _notes(entries: list[PlanEntry], space: SearchSpace) -> list[str]:
     if best.fits:
         notes = [f"best: {best.precision}, micro-batch {best.micro_batch} x accumulation {best.accumulation} x "
                  f"{space.devices} devices = global batch {space.global_batch}, checkpointing {best.checkpointing}, "
-                 f"{best.strategy}: {best.step_s:.4g} s/step, peak {_gib(best.peak_bytes_per_device)} per device"]
+                 f"{best.strategy}: {best.step_s:.4g} s/step, peak {fmt_bytes(best.peak_bytes_per_device)} per device"]
         if best.exposed_comm_s > 0.25 * best.compute_s:
             notes.append(f"the interconnect decides throughput here: {best.exposed_comm_s:.3g} s of the "
                          f"{best.step_s:.3g} s step is communication not hidden behind compute "
                          f"(scaling efficiency {best.scaling_efficiency:.0%})")
         return notes
     smallest = min(entries, key=lambda e: e.peak_bytes_per_device)
-    alone = [f"{k} alone needs {_gib(v)}" for k, v in smallest.parts.items() if v > space.budget_bytes]
+    alone = [f"{k} alone needs {fmt_bytes(v)}" for k, v in smallest.parts.items() if v > space.budget_bytes]
     what = "; ".join(alone) if alone else (
-        "no single part exceeds it, their sum does: " + ", ".join(f"{k} {_gib(v)}" for k, v in smallest.parts.items()))
-    return [f"nothing fits {_gib(space.budget_bytes)} per device ({_gib(space.memory_bytes)} less "
+        "no single part exceeds it, their sum does: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in smallest.parts.items()))
+    return [f"nothing fits {fmt_bytes(space.budget_bytes)} per device ({fmt_bytes(space.memory_bytes)} less "
             f"{space.headroom:.0%} headroom): the smallest configuration ({smallest.precision}, micro-batch "
             f"{smallest.micro_batch}, checkpointing {smallest.checkpointing}, {smallest.strategy}) peaks at "
-            f"{_gib(smallest.peak_bytes_per_device)}; {what}"]
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+            f"{fmt_bytes(smallest.peak_bytes_per_device)}; {what}"]

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from trainfit.errors import ConfigError
+
 PAD_ID = 0
 IGNORE_INDEX = -100
 N_RULES = 8
@@ -21,7 +23,11 @@ N_RULES = 8
 
 class TokenRules(Dataset):
     def __init__(self, *, size: int, seq_len: int, vocab_size: int, seed: int, noise: float = 0.05) -> None:
-        assert vocab_size > N_RULES + 2 and seq_len >= 2
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= N_RULES + 2:
+            raise ConfigError("model_config.vocab_size", vocab_size, f"an integer >= {N_RULES + 3}",
+                              f"the generated token rules use ids 0..{N_RULES} for padding and rule markers")
+        if seq_len < 2:
+            raise ConfigError("seq_len", seq_len, "an integer >= 2")
         rng = np.random.default_rng([seed, 0x7F1])
         self.seq_len = seq_len
         body = vocab_size - N_RULES - 1  # ids 1..N_RULES announce the rule; 0 is padding
