@@ -22,6 +22,10 @@ def _run(args, tmp_path):
     (["--micro-batch", "x"], "micro_batch='x' is not valid; allowed: an integer"),
     (["--checkpointing", "sometimes"], "checkpointing='sometimes' is not valid"),
     (["--model", "resnet9000"], "model='resnet9000' is not valid; allowed: one of: gpt-tiny"),
+    # was an AssertionError traceback from the generated-data task (exit 1)
+    (["--model-config", "vocab_size=8"], "model_config.vocab_size=8 is not valid; allowed: an integer >= 11"),
+    (["--strategy", "zero3", "--precision", "bf16-true"], "precision='bf16-true' is not valid; allowed: fp32, "
+                                                          "bf16-mixed or fp16-mixed with strategy=zero3"),
 ])
 def test_bad_flags(tmp_path, args, needle):
     r = _run(args, tmp_path)

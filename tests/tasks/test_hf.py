@@ -80,3 +80,18 @@ def test_bad_hf_specs(model, mc, needle):
     with pytest.raises(ConfigError, match=None) as e:
         make_task(model, model_config=mc, seq_len=16)
     assert needle in str(e.value)
+
+
+def test_a_llama_preset_builds_in_memory_as_it_plans(capsys):
+    """``--model llama-7b`` is the same name in memory as in plan (it was refused outside plan)."""
+    from trainfit.cli import main
+
+    small = "num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=4," \
+            "vocab_size=256"
+    assert main(["memory", "--model", "llama-7b", "--model-config", small, "--seq", "32", "--batch", "2",
+                 "--estimate", "--devices", "2", "--strategy", "zero3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # By hand: 2 x (4 x 64^2 attention + 3 x 64 x 128 MLP + 2 x 64 norms) + 2 x 256 x 64 + 64 = 115,008.
+    assert out["n_params"] == 115_008
+    task = make_task("llama-7b", model_config=small, seq_len=32)
+    assert isinstance(task.build_model(), transformers.LlamaForCausalLM)
