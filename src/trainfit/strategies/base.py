@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # annotations only: the run is built above the strategies and handed down
+    from trainfit.run import Run
 
 
 class Strategy(Protocol):
@@ -37,10 +40,10 @@ class Strategy(Protocol):
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer this rank steps (zero1: over its partition only; otherwise ``optimizer`` itself)."""
 
-    def save(self, run, step: int) -> None:
+    def save(self, run: Run, step: int) -> None:
         """Checkpoint ``run`` after ``step`` optimizer steps (a collective where the strategy is distributed)."""
 
-    def load(self, run, run_dir: Path) -> int | None:
+    def load(self, run: Run, run_dir: Path) -> int | None:
         """Restore the newest checkpoint in ``run_dir`` into ``run``; the next step, or None when there is none."""
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,9 @@ from torch.nn.parallel import DistributedDataParallel
 from trainfit.strategies import dist_checkpoint
 from trainfit.strategies import process_group as pg
 from trainfit.vocabulary import GradSync, StrategyName
+
+if TYPE_CHECKING:  # annotations only: the run is built above the strategies and handed down
+    from trainfit.run import Run
 
 
 class Distributed:
@@ -49,11 +53,11 @@ class Distributed:
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
 
-    def save(self, run, step: int) -> None:
+    def save(self, run: Run, step: int) -> None:
         """Sharded, directory-atomic checkpoint (see :mod:`trainfit.strategies.dist_checkpoint`)."""
         dist_checkpoint.save(run, step)
 
-    def load(self, run, run_dir: Path) -> int | None:
+    def load(self, run: Run, run_dir: Path) -> int | None:
         return dist_checkpoint.resume(run, run_dir)
 
     def defer_sync(self, is_last: bool) -> bool:
