@@ -198,3 +198,14 @@ def test_a_lever_name_is_spelled_in_few_files(name):
         if any(isinstance(n, ast.Constant) and n.value == str(name) for n in ast.walk(tree)):
             files.append(str(path.relative_to(SRC)))
     assert len(files) <= 3, files
+
+
+def test_the_first_hour_needs_only_core_dependencies():
+    """After ``pip install -e .`` alone, ``--report`` and ``trainfit report`` draw their charts (matplotlib)."""
+    import tomllib
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    core = {d.split(">")[0].split("=")[0].split("[")[0].strip().lower() for d in project["dependencies"]}
+    plotting = {name.split(".")[0] for name, _ in MODULES["trainfit.report.plots"][1].top
+                + MODULES["trainfit.report.plots"][1].local}
+    assert "matplotlib" in plotting and "matplotlib" in core
