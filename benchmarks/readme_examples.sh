@@ -31,5 +31,5 @@ ex profile    $TF profile --steps 8 --run-dir runs/first --report
 ex plan       $TF plan --model llama-7b --seq 2048 --global-batch 512 --device-memory 80GiB --devices 8 --device h100 --top 6 --run-dir runs/first --report
 ex verify     $TF verify --precision fp16-mixed --accumulation 4
 ex report     $TF report runs/first
-ex zero2      $TF train --strategy zero2 --precision bf16-mixed --nproc 2 --steps 5 --run-dir runs/zero2
+ex zero2      $TF train --strategy zero2 --precision bf16-mixed --devices 2 --steps 5 --run-dir runs/zero2
 ex bad_input  $TF train --precision fp8

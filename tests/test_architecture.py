@@ -209,3 +209,13 @@ def test_the_first_hour_needs_only_core_dependencies():
     plotting = {name.split(".")[0] for name, _ in MODULES["trainfit.report.plots"][1].top
                 + MODULES["trainfit.report.plots"][1].local}
     assert "matplotlib" in plotting and "matplotlib" in core
+
+
+def test_report_imports_nothing_that_runs_a_step():
+    """report/ reads typed results and draws: only the foundation's data modules, never torch."""
+    allowed = ("trainfit.errors", "trainfit.units", "trainfit.vocabulary", "trainfit.presets", "trainfit.results",
+               "trainfit.report")
+    bad = [f"{mod}:{line} imports {name}" for mod, (_, v, _) in MODULES.items() if mod.startswith("trainfit.report")
+           for name, line in v.top + v.local
+           if name.startswith("torch") or (name.startswith("trainfit") and not name.startswith(allowed))]
+    assert not bad, bad
