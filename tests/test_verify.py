@@ -19,7 +19,15 @@ from trainfit.config import make_config
 from trainfit.errors import ConfigError
 from trainfit.levers.accumulation import AccumulationWindow
 from trainfit.levers.scaler import DynamicLossScaler, Phase
-from trainfit.probes.verify import cosine, fp16_underflow_fraction, rel_error, update_rel_error, verify
+from trainfit.probes.verify import (
+    VerifyReport,
+    cosine,
+    fp16_underflow_fraction,
+    rel_error,
+    update_rel_error,
+    verify,
+)
+from trainfit.results import VerifyReport as TypedVerifyReport
 
 TINY = "n_layer=2,d_model=32,n_head=2"
 
@@ -80,6 +88,13 @@ def test_correct_levers_pass(precision):
     assert 0.0 <= r.fp16_underflow_frac < 1.0
 
 
+def test_report_is_the_typed_result_and_reads_back_from_its_json():
+    assert VerifyReport is TypedVerifyReport  # still importable from trainfit.probes.verify
+    r = verify(cfg(precision="bf16-mixed", accumulation=2))
+    assert isinstance(r, TypedVerifyReport) and isinstance(r.causes, tuple)
+    assert VerifyReport.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
 def test_checkpointing_sgd_no_accumulation_pass():
     assert verify(cfg(checkpointing="full", optimizer="sgd", accumulation=1, micro_batch=8)).passed
     r = verify(cfg(checkpointing="every:2", grad_clip=0.0))
@@ -128,6 +143,8 @@ def test_cli_json_and_exit_codes(capsys, monkeypatch, tmp_path):
     assert main(args + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == KEYS and out["passed"] is True
+    report = VerifyReport.from_dict(out)  # the printed object is the typed report, read back unchanged
+    assert report.to_dict() == out and report.extra == {} and report.passed
     toml = tmp_path / "c.toml"
     toml.write_text(f'model_config = "{TINY}"\nseq_len = 32\nmicro_batch = 2\naccumulation = 2\n')
     monkeypatch.setattr(engine, "AccumulationWindow", MeanOfMeansWindow)

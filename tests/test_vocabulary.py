@@ -8,8 +8,15 @@ from trainfit.errors import ConfigError
 from trainfit.levers.precision import make_precision
 from trainfit.plan.shapes import shape_of
 from trainfit.presets import HF_PRESETS, resolve_model
-from trainfit.vocabulary import (DISTRIBUTED, PRECISIONS, STRATEGIES, PrecisionName, StrategyName, check_compatible,
-                                 refusal)
+from trainfit.vocabulary import (
+    DISTRIBUTED,
+    PRECISIONS,
+    STRATEGIES,
+    PrecisionName,
+    StrategyName,
+    check_compatible,
+    refusal,
+)
 
 # Written out by hand from the precision table in the README (not read from the vocabulary).
 EXPECTED = {  # name: (weights dtype, autocast dtype, loss scaling, FSDP2 (param, reduce) dtypes)

@@ -1,14 +1,23 @@
-"""The memory report (pure): the four parts plus temporaries, the peak, and what to do about it."""
+"""The typed results of the probes (pure): memory, profile, plan and verify reports.
+
+Each report is a frozen dataclass whose ``to_dict()`` is the JSON object its command prints with
+``--json`` (and stores with ``--report``), and whose ``from_dict(d)`` rebuilds it from such an object:
+keys it does not know are kept in ``extra`` (and written back by ``to_dict``), optional keys that are
+missing take their defaults, and anything else that does not fit raises :class:`ResultFormatError`.
+``trainfit report`` reads the stored files through these classes only.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.units import fmt_bytes
-from trainfit.vocabulary import PART_LABELS, PARTS, PrecisionName, precision_facts
+from trainfit.vocabulary import PART_LABELS, PARTS, PrecisionName, Tolerance, precision_facts
 
 # Which lever targets which part (one table; the planner has the full compatibility rules).
 LEVERS: dict[str, str] = {
@@ -20,9 +29,142 @@ LEVERS: dict[str, str] = {
 }
 
 
+class ResultFormatError(ValueError):
+    """A stored result that is not the object its class writes (a key missing, a value of the wrong type)."""
+
+
+# -- from_dict machinery: one reader for every report, driven by the fields' annotations --------------------
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _object(cls: type, d: object) -> dict[str, Any]:
+    if not isinstance(d, Mapping):
+        raise ResultFormatError(f"{cls.__name__}: expected a JSON object, got {type(d).__name__}")
+    return dict(d)
+
+
+def _coerce(hint: Any, v: Any, where: str) -> Any:
+    """``v`` checked against ``hint`` and turned into the field's type (lists -> tuples, objects -> classes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return _plain(v)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        errors = []
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(a, v, where)
+            except ResultFormatError as e:
+                errors.append(str(e))
+        raise ResultFormatError(errors[0] if len(errors) == 1 else f"{where}: {v!r} is none of {hint}")
+    if hint is bool:
+        ok = isinstance(v, bool)
+    elif hint is int:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif hint is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    elif hint is str:
+        ok = isinstance(v, str)
+    elif origin is Mapping or hint is Mapping or origin is dict:
+        if not isinstance(v, Mapping):
+            raise ResultFormatError(f"{where}: expected an object, got {v!r}")
+        key_t, val_t = args or (str, Any)
+        return {_coerce(key_t, k, where): _coerce(val_t, x, f"{where}.{k}") for k, x in v.items()}
+    elif origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ResultFormatError(f"{where}: expected a list, got {v!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
+        if len(v) != len(args):
+            raise ResultFormatError(f"{where}: expected {len(args)} items, got {v!r}")
+        return tuple(_coerce(a, x, f"{where}[{i}]") for i, (a, x) in enumerate(zip(args, v)))
+    elif dataclasses.is_dataclass(hint):
+        if isinstance(v, hint):
+            return v
+        reader = getattr(hint, "from_dict", None)
+        return reader(v) if reader is not None else _build(hint, _object(hint, v))
+    else:  # pragma: no cover - a field annotated with a type this reader does not know
+        raise TypeError(f"{where}: no reader for {hint!r}")
+    if not ok:
+        raise ResultFormatError(f"{where}: expected {hint.__name__}, got {v!r}")
+    return v
+
+
+def _build(cls: type, d: dict[str, Any]):
+    """``cls(**d)`` with every value checked; unknown keys go to the ``extra`` field (an error without one)."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    has_extra = "extra" in fields
+    # A stored key named "extra" is itself an unknown key: kept inside extra, not taken for the field.
+    extra = {k: v for k, v in d.items() if k not in fields or k == "extra"}
+    if extra and not has_extra:
+        raise ResultFormatError(f"{cls.__name__}: unknown key(s) {', '.join(sorted(extra))}")
+    missing = [n for n, f in fields.items() if n not in d and n != "extra"
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ResultFormatError(f"{cls.__name__}: missing {', '.join(missing)}")
+    hints = _hints(cls)
+    kw = {n: _coerce(hints[n], d[n], f"{cls.__name__}.{n}") for n in fields if n in d and n != "extra"}
+    if has_extra:
+        kw["extra"] = extra
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ResultFormatError(f"{cls.__name__}: {e}") from e
+
+
+def _with_extra(d: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``d`` followed by the unknown keys a report was read with (never over a known key)."""
+    d.update({k: v for k, v in extra.items() if k not in d})
+    return d
+
+
+def _plain(v: Any) -> Any:
+    """``v`` as JSON sees it: reports as their ``to_dict``, tuples as lists, mappings as dicts."""
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        to_dict = getattr(v, "to_dict", None)
+        return to_dict() if to_dict is not None else {f.name: _plain(getattr(v, f.name))
+                                                        for f in dataclasses.fields(v)}
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+class _Typed:
+    """Shared by the reports: fields checked and normalised when built; ``to_dict``/``from_dict`` by field."""
+
+    def __post_init__(self) -> None:
+        # Lists become tuples and nested objects their classes, so a report built by a probe equals
+        # the same report read back from its JSON.
+        for f in dataclasses.fields(self):
+            where = f"{type(self).__name__}.{f.name}"
+            object.__setattr__(self, f.name, _coerce(_hints(type(self))[f.name], getattr(self, f.name), where))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "extra"}
+        return _with_extra(d, getattr(self, "extra", {}))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]):
+        """The report ``to_dict`` wrote; unknown keys kept in ``extra``.
+
+        Raises:
+            ResultFormatError: ``d`` is not this kind of report.
+        """
+        return _build(cls, _object(cls, d))
+
 
 @dataclass(frozen=True, kw_only=True)
-class MemoryReport:
+class MemoryReport(_Typed):
     """What fills memory during one optimizer step (the second, so optimizer state exists).
 
     The part fields are each part's *largest* live bytes during the step; ``peak_parts``
@@ -70,8 +212,11 @@ class MemoryReport:
     """Seconds to produce this report."""
     details: Mapping[str, Any] = field(default_factory=dict)
     """How the numbers were obtained (e.g. the block shortcut: traced layer counts)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys of a stored report that this class does not know (written back as they were)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                      "temporaries_bytes", "peak_bytes", "n_params", "master_weights_bytes"):
             assert getattr(self, name) >= 0, (name, getattr(self, name))
@@ -93,13 +238,32 @@ class MemoryReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        del d["extra"]
         d["peak_parts"] = dict(self.peak_parts)
         d["phases"] = {k: dict(v) for k, v in self.phases.items()}
         d["top_modules"] = [{"module": n, "activations_bytes": b} for n, b in self.top_modules]
         d["notes"] = list(self.notes)
         d["dominant_part"] = self.dominant_part
         d["lever"] = LEVERS[self.dominant_part]
-        return d
+        return _with_extra(d, self.extra)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MemoryReport:
+        """The report ``to_dict`` wrote (``dominant_part`` and ``lever`` are recomputed, not read).
+
+        Raises:
+            ResultFormatError: ``d`` is not a memory report.
+        """
+        d = _object(cls, d)
+        for derived in ("dominant_part", "lever"):
+            d.pop(derived, None)
+        if "top_modules" in d:
+            rows = _coerce(tuple[Mapping[str, Any], ...], d["top_modules"], "MemoryReport.top_modules")
+            try:
+                d["top_modules"] = [(r["module"], r["activations_bytes"]) for r in rows]
+            except KeyError as e:
+                raise ResultFormatError(f"MemoryReport.top_modules: an entry without {e}") from None
+        return _build(cls, d)
 
 
 def precision_notes(precision: str, n_params: int, params_bytes: int, master_bytes: int) -> tuple[str, ...]:
@@ -135,3 +299,196 @@ def fold_modules(per_module: Mapping[str, int], block_names: list[str], top: int
         folded[key] = folded.get(key, 0) + b
     ranked = sorted(folded.items(), key=lambda kv: (-kv[1], kv[0]))
     return tuple(ranked[:top])
+
+
+# -- profile ---------------------------------------------------------------------------------------------------
+
+TIME_PHASES = ("data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer", "rest")
+"""The phases a profile splits a step into (``<phase>_s`` fields), in step order."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice(_Typed):
+    """One piece of profile advice: its kind, the sentence, and the measured figures behind it."""
+
+    kind: str
+    """input, batch, communication or scale-out."""
+    text: str
+    figures: Mapping[str, Any] = field(default_factory=dict)
+    """The numbers the advice rests on (e.g. ``data_wait_frac``, the suggested ``micro_batch``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, **{k: v for k, v in self.figures.items()
+                                                         if k not in ("kind", "text")}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Advice:
+        d = _object(cls, d)
+        try:
+            kind, text = d.pop("kind"), d.pop("text")
+        except KeyError as e:
+            raise ResultFormatError(f"Advice: missing {e}") from None
+        return _build(cls, {"kind": kind, "text": text, "figures": d})
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchProbe(_Typed):
+    """Whether throughput still rises at twice the micro-batch, and the micro-batch suggested."""
+
+    micro_batch: int
+    """The profiled micro-batch (the probe ran it against twice as many)."""
+    gain: float | None
+    """Relative throughput gain at 2x micro-batch; None when not probed or out of memory."""
+    rates_per_s: tuple[float, float] | None
+    """Median throughput (items/s) at micro_batch and 2x micro_batch."""
+    note: str
+    suggested_micro_batch: int | None = None
+    fit: str = ""
+    """How the suggestion was found to fit (memory report) or why none was."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileReport(_Typed):
+    """Where each optimizer step's time goes (medians per device over the profiled steps), and what to do.
+
+    The fields are the keys of ``trainfit profile --json`` in its order; the configuration it was
+    measured on is ``strategy``, ``world_size``, ``rank`` and ``micro_batch`` (from the batch probe).
+    """
+
+    data_wait_frac: float
+    """Share of the total step time blocked on the loader."""
+    data_wait_s: float
+    h2d_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    comm_exposed_s: float
+    rest_s: float
+    step_s: float
+    """Median seconds per optimizer step, and per phase (the phases' medians need not add up to it)."""
+    busy_frac: float
+    """Device busy share (CUDA kernel timeline) or, on CPU, the share of the step spent computing."""
+    tokens_per_s: float | None = None
+    """Per device; None when the task counts samples."""
+    samples_per_s: float
+    mfu: float | None = None
+    hfu: float | None = None
+    bottleneck: str
+    advice: tuple[Advice, ...] = ()
+    """Ordered: the first is the one to act on first."""
+    unit: str
+    """What the task counts: tokens or samples."""
+    per_device: bool = True
+    parts: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Per phase key (``forward_s``...): median, p25, p75, min, max over the steps."""
+    fractions: Mapping[str, float] = field(default_factory=dict)
+    """Per phase key: its share of the total step time."""
+    model_flops_per_step: float | None = None
+    hardware_flops_per_step: float | None = None
+    flops_counted_on: str = ""
+    flops_steps: int = 0
+    peak_flops: float | None = None
+    peak_dtype: str = ""
+    peak_source: str = ""
+    batch_probe: BatchProbe
+    scaling: Mapping[str, Any] = field(default_factory=dict)
+    """Predicted scale-out curves per strategy (``trainfit.probes.scaleout.scaling``)."""
+    grad_sync_separable: bool = True
+    device: str
+    world_size: int
+    rank: int
+    strategy: str
+    steps: int
+    warmup: int
+    trace: str | None = None
+    threads: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch_probe.micro_batch
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Median seconds per phase, without the ``_s`` (data_wait ... rest), in step order."""
+        return {p: getattr(self, f"{p}_s") for p in TIME_PHASES}
+
+
+
+# -- plan ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRow(_Typed):
+    """One ranked configuration of ``trainfit plan``: the levers, what it costs, and why it ranks there."""
+
+    precision: str
+    micro_batch: int
+    accumulation: int
+    checkpointing: str
+    strategy: str
+    peak_bytes_per_device: int
+    step_s: float
+    scaling_efficiency: float
+    fits: bool
+    reasons: tuple[str, ...]
+    """Why it was dropped, or why it ranks where it does."""
+    grad_sync: str
+    parts: Mapping[str, int] = field(default_factory=dict)
+    """Predicted bytes per device by part."""
+    compute_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanReport(_Typed):
+    """``trainfit plan --json``: the job planned for and its ranked configurations (best first)."""
+
+    model: str
+    global_batch: int
+    """Samples per optimizer step over all devices."""
+    devices: int
+    device_memory_bytes: int
+    basis: str
+    """Where the memory parts came from: analytic, estimate or measure."""
+    candidates: int
+    """Configurations considered."""
+    excluded: Mapping[str, int] = field(default_factory=dict)
+    """Rule -> how many candidates it excluded."""
+    notes: tuple[str, ...] = ()
+    plans: tuple[PlanRow, ...]
+    """The ones shown: fitting ones fastest first, then those that do not fit."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def best(self) -> PlanRow | None:
+        return self.plans[0] if self.plans and self.plans[0].fits else None
+
+
+# -- verify ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport(_Typed):
+    """One step of the configured levers against the fp32 big-batch reference."""
+
+    precision: str
+    strategy: str
+    micro_batch: int
+    accumulation: int
+    world_size: int
+    global_batch: int
+    grad_cosine: float
+    grad_rel_error: float
+    grad_norm_ratio: float
+    """||g|| / ||g_ref||: 1 when correct; the loss scale when never unscaled."""
+    update_max_rel_error: float
+    skipped_steps: int
+    fp16_underflow_frac: float
+    """Non-zero reference gradient values that become 0 when cast to fp16 (no loss scaling)."""
+    loss_scale: float
+    tolerance: Tolerance
+    passed: bool
+    causes: tuple[str, ...] = ()
+    """Why it failed, most likely first (empty when it passed)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)

@@ -5,6 +5,7 @@ against step periods the test times itself), with margins for a loaded 2-core ma
 """
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from trainfit.config import make_config
 from trainfit.probes.profile import ProfileOptions, profile
+from trainfit.results import ProfileReport
 from trainfit.run import build_run
 
 TINY = "n_layer=2,d_model=64,n_head=2"
@@ -64,10 +66,10 @@ def test_slow_loader_is_input_bound_with_the_injected_share(one_thread):
     starts = stamps[0::2]
     periods = sorted(b - a for a, b in zip(starts[2:], starts[3:]))  # after warm-up
     injected = 2 * SLEEP_S / periods[len(periods) // 2]
-    assert r["bottleneck"] == "input"
-    assert abs(r["data_wait_frac"] - injected) < 0.10, (r["data_wait_frac"], injected)
-    assert r["advice"][0]["kind"] == "input" and "loader_workers" in r["advice"][0]["text"]
-    assert f"{r['data_wait_frac']:.0%}" in r["advice"][0]["text"]
+    assert r.bottleneck == "input"
+    assert abs(r.data_wait_frac - injected) < 0.10, (r.data_wait_frac, injected)
+    assert r.advice[0].kind == "input" and "loader_workers" in r.advice[0].text
+    assert f"{r.data_wait_frac:.0%}" in r.advice[0].text
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -82,9 +84,9 @@ def test_workers_move_the_diagnosis_away_from_input(one_thread):
         r = profile(run, ProfileOptions(steps=8, warmup=3, batch_probe=False, bandwidth_bytes_per_s=1e9))
     finally:
         torch.multiprocessing.set_sharing_strategy(before)
-    assert r["bottleneck"] != "input", r["data_wait_frac"]
-    assert r["data_wait_frac"] < 0.10
-    assert all(a["kind"] != "input" for a in r["advice"])
+    assert r.bottleneck != "input", r.data_wait_frac
+    assert r.data_wait_frac < 0.10
+    assert all(a.kind != "input" for a in r.advice)
 
 
 def test_tiny_micro_batch_is_batch_bound_and_the_suggestion_fits(one_thread):
@@ -95,12 +97,12 @@ def test_tiny_micro_batch_is_batch_bound_and_the_suggestion_fits(one_thread):
     cfg = make_config({"model_config": "n_layer=2,d_model=128,n_head=2", "seq_len": 32, "micro_batch": 1,
                        "accumulation": 2, "memory_cap": "48MiB"})
     r = profile(build_run(cfg), ProfileOptions(steps=6, warmup=2, bandwidth_bytes_per_s=1e9))
-    assert r["bottleneck"] == "batch", r["batch_probe"]
-    probe = r["batch_probe"]
-    suggested = probe["suggested_micro_batch"]
+    assert r.bottleneck == "batch", r.batch_probe
+    probe = r.batch_probe
+    suggested = probe.suggested_micro_batch
     assert suggested and suggested > 1
-    batch_items = [a for a in r["advice"] if a["kind"] == "batch"]
-    assert batch_items and batch_items[0]["micro_batch"] == suggested and r["advice"][0]["kind"] == "batch"
+    batch_items = [a for a in r.advice if a.kind == "batch"]
+    assert batch_items and batch_items[0].figures["micro_batch"] == suggested and r.advice[0].kind == "batch"
     # The memory report of a fresh run at the suggested micro-batch fits the budget...
     fresh = dataclasses.replace(cfg, accumulation=2)
     assert measure_memory(fresh, batch=suggested).peak_bytes <= cfg.memory_cap
@@ -115,12 +117,12 @@ def test_mfu_on_cpu_against_the_calibrated_peak(one_thread):
     run.task = dataclasses.replace(run.task, collate=full_length(run.task.collate, T))
     r = profile(run, ProfileOptions(steps=6, warmup=2, batch_probe=False, bandwidth_bytes_per_s=1e9))
     fwd = L * (24 * B * T * d * d + 4 * B * T * T * d) + 2 * B * T * d * V
-    assert r["model_flops_per_step"] == K * 3 * fwd
-    assert r["hardware_flops_per_step"] == r["model_flops_per_step"]  # no checkpointing
-    assert "measured" in r["peak_source"] and r["peak_dtype"] == "fp32"
-    ref = K * 3 * fwd / r["step_s"] / r["peak_flops"]  # hand FLOPs / median step / calibrated peak
-    assert 0 < r["mfu"] < 1
-    assert 0.5 < r["mfu"] / ref < 2
+    assert r.model_flops_per_step == K * 3 * fwd
+    assert r.hardware_flops_per_step == r.model_flops_per_step  # no checkpointing
+    assert "measured" in r.peak_source and r.peak_dtype == "fp32"
+    ref = K * 3 * fwd / r.step_s / r.peak_flops  # hand FLOPs / median step / calibrated peak
+    assert 0 < r.mfu < 1
+    assert 0.5 < r.mfu / ref < 2
 
 
 def test_micro_batch_auto_is_refused():
@@ -137,12 +139,15 @@ def test_micro_batch_auto_is_refused():
 def test_recompute_counts_for_hfu_only_and_sample_tasks_report_samples(one_thread):
     ckpt = build_run(make_config({"model_config": TINY, "seq_len": 16, "micro_batch": 2, "checkpointing": "full"}))
     r = profile(ckpt, ProfileOptions(steps=2, warmup=1, batch_probe=False, bandwidth_bytes_per_s=1e9))
-    assert r["hardware_flops_per_step"] > r["model_flops_per_step"] > 0
-    assert r["hfu"] > r["mfu"] > 0
+    assert r.hardware_flops_per_step > r.model_flops_per_step > 0
+    assert r.hfu > r.mfu > 0
     cnn = profile(build_run(make_config({"model": "cnn", "micro_batch": 4, "accumulation": 1})),
                   ProfileOptions(steps=2, warmup=1, batch_probe=False, bandwidth_bytes_per_s=1e9))
-    assert cnn["tokens_per_s"] is None and cnn["unit"] == "samples"
-    assert cnn["samples_per_s"] > 0 and cnn["model_flops_per_step"] > 0 and cnn["mfu"] > 0
+    assert cnn.tokens_per_s is None and cnn.unit == "samples"
+    assert cnn.samples_per_s > 0 and cnn.model_flops_per_step > 0 and cnn.mfu > 0
+    # the typed report is what --json prints, and reads back from that JSON unchanged
+    for rep in (r, cnn):
+        assert ProfileReport.from_dict(json.loads(json.dumps(rep.to_dict()))) == rep
 
 
 def test_scale_out_curves_cost_each_collective_call_by_hand():

@@ -7,6 +7,7 @@ import torch
 
 from trainfit.cli import main
 from trainfit.commands.profile import JSON_KEYS
+from trainfit.results import ProfileReport
 
 TINY = ["--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--micro-batch", "2",
         "--accumulation", "2"]
@@ -35,6 +36,8 @@ def test_json_keys_plot_and_trace(tmp_path, capsys, one_thread):
     assert r["steps"] == 3 and r["scaling"]["bandwidth_source"].startswith("given")
     assert r["scaling"]["curves"]["zero3"]["points"][1]["n"] == 2 and r["scaling"]["curves"]["zero3"]["source"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = ProfileReport.from_dict(r)  # the printed object is the typed report (plus the plot's path)
+    assert report.to_dict() == r and report.extra == {"plot": str(png)} and report.steps == 3
     traces = list(trace.glob("*.json"))
     assert traces and "traceEvents" in traces[0].read_text()[:2000]
 

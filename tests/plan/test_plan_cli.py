@@ -9,6 +9,7 @@ import pytest
 
 from trainfit.cli import main
 from trainfit.config import load_toml, make_config
+from trainfit.results import PlanReport
 
 KEYS = {"precision", "micro_batch", "accumulation", "checkpointing", "strategy", "peak_bytes_per_device", "step_s",
         "scaling_efficiency", "fits", "reasons"}
@@ -23,6 +24,9 @@ def test_json_keys_and_write_runs(capsys, tmp_path):
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["plans"]) == 5 and all(KEYS <= set(e) for e in out["plans"])
+    report = PlanReport.from_dict(out)  # the printed object is the typed report, every key read back
+    assert report.to_dict() == out and report.extra == {} and all(r.extra == {} for r in report.plans)
+    assert (report.global_batch, report.devices, report.model) == (8, 1, "gpt-tiny")
     best = out["plans"][0]
     assert best["fits"] and best["micro_batch"] * best["accumulation"] == 8
     cfg = make_config(load_toml(plan))

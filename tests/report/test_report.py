@@ -12,8 +12,9 @@ import pytest
 from trainfit.cli import main
 from trainfit.report.data import load_run, loss_series, memory_parts, time_parts
 from trainfit.report.html import write_report
+from trainfit.results import MemoryReport, ProfileReport, ResultFormatError
 
-from .conftest import MIB, fp16_rows
+from .conftest import MEMORY, MIB, PROFILE, fp16_rows
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
@@ -74,10 +75,15 @@ def test_loss_series_keeps_the_last_line_of_a_repeated_step_and_lists_skips():
 
 
 def test_parts_read_from_the_commands_keys():
-    assert memory_parts({"params_bytes": 1, "grads_bytes": 2, "optimizer_bytes": 3, "activations_bytes": 4}) == {
-        "params": 1, "grads": 2, "optimizer": 3, "activations": 4, "temporaries": 0}
-    assert time_parts({"forward_s": 0.5, "backward_s": {"median": 1.0, "p25": 0.9}, "junk": 3}) == {
-        "forward": 0.5, "backward": 1.0}
+    mem = MemoryReport.from_dict({**MEMORY[0], "params_bytes": 1, "grads_bytes": 2, "optimizer_bytes": 3,
+                                  "activations_bytes": 4, "temporaries_bytes": 0})
+    assert memory_parts(mem) == {"params": 1, "grads": 2, "optimizer": 3, "activations": 4, "temporaries": 0}
+    prof = ProfileReport.from_dict({**PROFILE, "forward_s": 0.5, "backward_s": 1.0, "junk": 3})
+    assert time_parts(prof) == {"data_wait": 0.04, "h2d": 0.0, "forward": 0.5, "backward": 1.0, "comm_exposed": 0.0,
+                                "optimizer": 0.01, "rest": 0.002}
+    assert prof.extra == {"junk": 3}  # kept, not read as a phase
+    with pytest.raises(ResultFormatError, match="backward_s"):  # a phase is the median in seconds, not a spread
+        ProfileReport.from_dict({**PROFILE, "backward_s": {"median": 1.0, "p25": 0.9}})
 
 
 def test_report_is_self_contained_and_every_chart_decodes_non_blank(run_dir):

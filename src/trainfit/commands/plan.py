@@ -18,12 +18,9 @@ from trainfit.plan.rules import Context
 from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
 from trainfit.plan.shapes import run_spec
 from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, with_dist_overhead
+from trainfit.results import PlanReport, PlanRow
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import strategy_facts
-
-ENTRY_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "peak_bytes_per_device",
-              "step_s", "scaling_efficiency", "fits", "reasons")
-"""Keys of every --json entry (pinned by tests); grad_sync, parts, compute_s, exposed_comm_s follow them."""
 
 
 def register(sub) -> None:
@@ -166,11 +163,7 @@ def run(args) -> int:
         cfg = plan_config(result.best, base, devices=per_node, global_batch=space.global_batch)
         Path(args.write).write_text(dump_toml(cfg))
     if args.json or args.report:
-        out = {"model": args.model, "global_batch": space.global_batch, "devices": space.devices,
-               "device_memory_bytes": space.memory_bytes, "basis": used, "candidates": result.candidates,
-               "excluded": result.excluded, "notes": result.notes,
-               "plans": [{k: e.to_dict()[k] for k in (*ENTRY_KEYS, "grad_sync", "parts", "compute_s",
-                                                      "exposed_comm_s")} for e in shown]}
+        out = plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()
         if args.report:
             save_and_report(args.run_dir, "plan.json", out, report=True)
         if args.json:
@@ -182,6 +175,14 @@ def run(args) -> int:
     if args.write:
         print(f"wrote {args.write}: run it with `trainfit train {args.write}`", file=sys.stderr)
     return 0
+
+
+def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:
+    """The typed ``--json`` object: the job, the search's counts and notes, and the entries ``shown``."""
+    return PlanReport(model=model, global_batch=space.global_batch, devices=space.devices,
+                      device_memory_bytes=space.memory_bytes, basis=basis, candidates=result.candidates,
+                      excluded=result.excluded, notes=tuple(result.notes),
+                      plans=tuple(PlanRow.from_dict(e.to_dict()) for e in shown))
 
 
 def format_table(entries) -> str:

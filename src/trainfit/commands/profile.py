@@ -16,6 +16,7 @@ from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError
 from trainfit.probes.profile import ProfileOptions, profile
 from trainfit.report.plots import check_plot_path, plot_profile
+from trainfit.results import ProfileReport
 from trainfit.run import build_run
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
@@ -66,20 +67,21 @@ def run(args) -> int:
         report = _profile(cfg, args, options)
     finally:
         pg.destroy()
-    if report["rank"] != 0:  # rank 0 reports
+    if report.rank != 0:  # rank 0 reports
         return 0
+    out = report.to_dict()
     if args.plot:
-        report["plot"] = plot_profile(report, args.plot)
+        out["plot"] = plot_profile(report, args.plot)  # read back into ProfileReport.extra
     if args.report:
-        save_and_report(cfg.run_dir, "profile.json", report, report=True)
+        save_and_report(cfg.run_dir, "profile.json", out, report=True)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(out))
     else:
         print(format_report(report), file=sys.stderr)
     return 0
 
 
-def _profile(cfg, args, options) -> dict:
+def _profile(cfg, args, options) -> ProfileReport:
     strategy = None
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -91,17 +93,17 @@ def _profile(cfg, args, options) -> dict:
     return profile(build_run(cfg, strategy=strategy), options)
 
 
-def format_report(r: dict) -> str:
+def format_report(r: ProfileReport) -> str:
     rows = [f"{'part':<16}{'median ms':>11}{'p25-p75 ms':>16}{'share':>8}"]
     for key in ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s",
                 "step_s"):
-        s = r["parts"][key]
+        s = r.parts[key]
         rows.append(f"{key[:-2]:<16}{s['median'] * 1e3:>11.2f}{s['p25'] * 1e3:>8.2f}-{s['p75'] * 1e3:<7.2f}"
-                    f"{r['fractions'][key]:>8.0%}")
-    rate = r["tokens_per_s"] if r["tokens_per_s"] is not None else r["samples_per_s"]
-    mfu = "null" if r["mfu"] is None else f"{r['mfu']:.2%} (HFU {r['hfu']:.2%})"
-    rows.append(f"{rate:,.0f} {r['unit']}/s per device; busy {r['busy_frac']:.0%}; MFU {mfu} vs "
-                f"{r['peak_source']}")
-    rows.append(f"bottleneck: {r['bottleneck']}")
-    rows += [f"  {i}. [{a['kind']}] {a['text']}" for i, a in enumerate(r["advice"], 1)]
+                    f"{r.fractions[key]:>8.0%}")
+    rate = r.tokens_per_s if r.tokens_per_s is not None else r.samples_per_s
+    mfu = "null" if r.mfu is None else f"{r.mfu:.2%} (HFU {r.hfu:.2%})"
+    rows.append(f"{rate:,.0f} {r.unit}/s per device; busy {r.busy_frac:.0%}; MFU {mfu} vs "
+                f"{r.peak_source}")
+    rows.append(f"bottleneck: {r.bottleneck}")
+    rows += [f"  {i}. [{a.kind}] {a.text}" for i, a in enumerate(r.advice, 1)]
     return "\n".join(rows)

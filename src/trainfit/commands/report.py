@@ -27,11 +27,6 @@ def run(args) -> int:
     return 0
 
 
-def add_report_flag(p) -> None:
-    """``--report`` for commands that write into a run directory (train, memory, profile, plan)."""
-    p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html")
-
-
 def save_and_report(run_dir, name: str, doc, *, report: bool, keep_others: tuple[str, ...] = ()) -> None:
     """Store a command's JSON object as RUN_DIR/<name> (what the report reads); render when asked.
 
@@ -43,7 +38,8 @@ def save_and_report(run_dir, name: str, doc, *, report: bool, keep_others: tuple
     docs = [doc]
     if keep_others:
         key = tuple(doc.get(k) for k in keep_others)
-        old = [d for d in read_docs(root / name, []) if tuple(d.get(k) for k in keep_others) != key]
+        old = [d for d in read_docs(root / name, [])
+               if isinstance(d, dict) and tuple(d.get(k) for k in keep_others) != key]
         docs = old + [doc]
     (root / name).write_text(json.dumps(docs if len(docs) > 1 else doc, indent=1, default=str))
     if report:

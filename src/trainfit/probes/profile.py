@@ -39,6 +39,7 @@ from trainfit.meters.timers import PhaseTimer
 from trainfit.probes import scaleout
 from trainfit.probes.advice import Findings, Thresholds, advise
 from trainfit.probes.memory import measure_memory
+from trainfit.results import Advice, BatchProbe, ProfileReport
 from trainfit.run import Run
 from trainfit.tasks.base import to_device
 
@@ -294,8 +295,8 @@ def _fit_micro_batch(run: Run, m: int, max_micro_batch: int = 1024) -> tuple[int
     return None, f"no larger micro-batch fits {what} {budget / 2**20:,.1f} MiB (memory report at {m}: {p1:,} bytes)"
 
 
-def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> dict:
-    """Profile ``run`` (from ``train.build_run``) and return the report as a JSON-able dict."""
+def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileReport:
+    """Profile ``run`` (from ``train.build_run``); ``.to_dict()`` of the report is ``trainfit profile --json``."""
     cfg, st = run.cfg, run.strategy
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "a number for profiling", "pass --micro-batch N")
@@ -338,23 +339,21 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> dict:
                         fit_note=fit_note, scaling_note=scaleout.scaling_note(scaling))
     bottleneck, advice = advise(findings, options.thresholds)
     items_per_s = sum(r["count"] for r in rows) / total_s
-    return {
-        "data_wait_frac": frac["data_wait_s"], "data_wait_s": med["data_wait_s"], "h2d_s": med["h2d_s"],
-        "forward_s": med["forward_s"], "backward_s": med["backward_s"], "optimizer_s": med["optimizer_s"],
-        "comm_exposed_s": med["comm_exposed_s"], "rest_s": med["rest_s"], "step_s": med["step_s"],
-        "busy_frac": busy, "tokens_per_s": items_per_s if unit == "tokens" else None,
-        "samples_per_s": sum(r["samples"] for r in rows) / total_s,
-        "mfu": achieved / peak if peak else None, "hfu": achieved_hw / peak if peak else None,
-        "bottleneck": bottleneck, "advice": advice,
-        "unit": unit, "per_device": True, "parts": parts, "fractions": frac,
-        "model_flops_per_step": model_flops, "hardware_flops_per_step": hw_flops,
-        "flops_counted_on": flops.device.type, "flops_steps": len(counted),
-        "peak_flops": peak, "peak_dtype": dtype, "peak_source": peak_source,
-        "batch_probe": {"micro_batch": cfg.micro_batch, "gain": gain,
-                        "rates_per_s": list(rates) if rates else None, "note": probe_note,
-                        "suggested_micro_batch": suggested, "fit": fit_note},
-        "scaling": scaling, "grad_sync_separable": st.world_size == 1 or cfg.accumulation >= 2,
-        "device": str(st.device), "world_size": st.world_size, "rank": st.rank, "strategy": cfg.strategy,
-        "steps": options.steps, "warmup": options.warmup, "trace": trace,
-        "threads": torch.get_num_threads(),
-    }
+    return ProfileReport(
+        data_wait_frac=frac["data_wait_s"], data_wait_s=med["data_wait_s"], h2d_s=med["h2d_s"],
+        forward_s=med["forward_s"], backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
+        comm_exposed_s=med["comm_exposed_s"], rest_s=med["rest_s"], step_s=med["step_s"],
+        busy_frac=busy, tokens_per_s=items_per_s if unit == "tokens" else None,
+        samples_per_s=sum(r["samples"] for r in rows) / total_s,
+        mfu=achieved / peak if peak else None, hfu=achieved_hw / peak if peak else None,
+        bottleneck=bottleneck, advice=tuple(Advice.from_dict(a) for a in advice),
+        unit=unit, per_device=True, parts=parts, fractions=frac,
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+        flops_counted_on=flops.device.type, flops_steps=len(counted),
+        peak_flops=peak, peak_dtype=dtype, peak_source=peak_source,
+        batch_probe=BatchProbe(micro_batch=cfg.micro_batch, gain=gain, rates_per_s=rates, note=probe_note,
+                               suggested_micro_batch=suggested, fit=fit_note),
+        scaling=scaling, grad_sync_separable=st.world_size == 1 or cfg.accumulation >= 2,
+        device=str(st.device), world_size=st.world_size, rank=st.rank, strategy=cfg.strategy,
+        steps=options.steps, warmup=options.warmup, trace=trace, threads=torch.get_num_threads(),
+    )

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -30,6 +29,7 @@ from torch import nn
 from trainfit.config import RunConfig
 from trainfit.data import global_indices, rank_micro_batches
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.results import VerifyReport  # the result type; also importable from here, as before
 from trainfit.run import Run, build_run, make_optimizer
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.tasks.base import to_device
@@ -37,34 +37,6 @@ from trainfit.vocabulary import Tolerance, precision_facts
 
 MAX_ATTEMPTS = 16
 """Overflowing attempts tolerated (each halves the loss scale) before giving up."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class VerifyReport:
-    precision: str
-    strategy: str
-    micro_batch: int
-    accumulation: int
-    world_size: int
-    global_batch: int
-    grad_cosine: float
-    grad_rel_error: float
-    grad_norm_ratio: float
-    """||g|| / ||g_ref||: 1 when correct; the loss scale when never unscaled."""
-    update_max_rel_error: float
-    skipped_steps: int
-    fp16_underflow_frac: float
-    """Non-zero reference gradient values that become 0 when cast to fp16 (no loss scaling)."""
-    loss_scale: float
-    tolerance: Tolerance
-    passed: bool
-    causes: list[str] = field(default_factory=list)
-    """Why it failed, most likely first (empty when it passed)."""
-
-    def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["tolerance"] = dict(self.tolerance.__dict__)
-        return d
 
 
 # ----------------------------------------------------------------- pure helpers
@@ -220,7 +192,7 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
                         grad_cosine=cos, grad_rel_error=grad_rel, grad_norm_ratio=ratio,
                         update_max_rel_error=upd_rel, skipped_steps=skipped,
                         fp16_underflow_frac=fp16_underflow_fraction(ref_grads), loss_scale=scale,
-                        tolerance=tol, passed=ok, causes=causes)
+                        tolerance=tol, passed=ok, causes=tuple(causes))
 
 
 def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,

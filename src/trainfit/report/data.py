@@ -12,9 +12,11 @@ file                written by                             shown as
 ``verify.json``     ``trainfit verify --report``           agreement table
 ==================  =====================================  ==========================================
 
-The JSON files are the commands' own ``--json`` objects, stored as printed, so the report
-follows their keys; it accepts a single object or a list of them (e.g. one memory report per
-configuration), and skips a file it cannot read with a note instead of failing the whole page.
+The JSON files are the commands' own ``--json`` objects, stored as printed: a single object or a
+list of them (e.g. one memory report per configuration). Each object is read back into its typed
+report (:mod:`trainfit.results`: ``MemoryReport``, ``ProfileReport``, ``PlanReport``, ``VerifyReport``)
+with ``from_dict``, and the page reads their attributes; a file (or an entry of one) that is not
+readable as its report is named in a note and left out instead of failing the whole page.
 """
 
 from __future__ import annotations
@@ -25,15 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainfit.results import MemoryReport, PlanReport, ProfileReport, ResultFormatError, VerifyReport
+
 METRICS = "metrics.jsonl"
 MEMORY = "memory.json"
 PROFILE = "profile.json"
 PLAN = "plan.json"
 VERIFY = "verify.json"
 REPORT = "report.html"
-
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
-TIME_PARTS = ("data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer", "rest")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +58,10 @@ class RunArtifacts:
     config: str = ""
     """config.toml as written by train (empty when absent)."""
     loss: LossSeries | None = None
-    memory: list[dict] = field(default_factory=list)
-    profile: list[dict] = field(default_factory=list)
-    plan: list[dict] = field(default_factory=list)
-    verify: list[dict] = field(default_factory=list)
+    memory: list[MemoryReport] = field(default_factory=list)
+    profile: list[ProfileReport] = field(default_factory=list)
+    plan: list[PlanReport] = field(default_factory=list)
+    verify: list[VerifyReport] = field(default_factory=list)
     train_time: dict[str, float] = field(default_factory=dict)
     """Median seconds per phase over the logged training steps (from metrics.jsonl)."""
     notes: list[str] = field(default_factory=list)
@@ -101,55 +102,37 @@ def train_time_parts(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def memory_parts(report: dict) -> dict[str, int]:
-    """The parts' bytes of one memory report (``params_bytes``... or a ``parts`` mapping)."""
-    parts = report.get("parts")
-    if isinstance(parts, dict):
-        return {p: int(parts.get(p, parts.get(f"{p}_bytes", 0)) or 0) for p in MEMORY_PARTS}
-    return {p: int(report.get(f"{p}_bytes", 0) or 0) for p in MEMORY_PARTS}
+def memory_parts(report: MemoryReport) -> dict[str, int]:
+    """The parts' largest live bytes of one memory report, in display order."""
+    return report.parts
 
 
-def memory_label(report: dict, index: int) -> str:
-    keys = ("label", "precision", "checkpointing", "strategy", "batch")
-    bits = [f"{report[k]}" if k != "batch" else f"batch {report[k]}" for k in keys if report.get(k) not in (None, "")]
-    return " / ".join(bits) or f"report {index + 1}"
+def memory_label(report: MemoryReport) -> str:
+    """The configuration of one memory report (the chart's bar label: reports of one run differ in it)."""
+    return f"{report.precision} / {report.checkpointing} / batch {report.batch} ({report.method})"
 
 
-def time_parts(profile: dict) -> dict[str, float]:
-    """Median seconds per phase of one profile (keys ``forward_s`` or ``forward``, float or spread dict)."""
-    src = next((profile[k] for k in ("parts", "breakdown", "phases", "step_time") if isinstance(profile.get(k), dict)), profile)
-    out = {}
-    for p in TIME_PARTS:
-        v = src.get(f"{p}_s", src.get(p))
-        if isinstance(v, dict):
-            v = v.get("median")
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            out[p] = float(v)
-    return out
+def time_parts(profile: ProfileReport) -> dict[str, float]:
+    """Median seconds per phase of one profile (``data_wait`` ... ``rest``); a phase that is not finite is left out."""
+    return {p: v for p, v in profile.phases.items() if math.isfinite(v)}
+
+
+def profile_label(profile: ProfileReport, index: int) -> str:
+    return (f"profile {index + 1}: {profile.strategy} x {profile.world_size}, micro-batch "
+            f"{profile.micro_batch}")
 
 
 def advice_items(art: RunArtifacts) -> list[tuple[str, str]]:
-    """(source, text) for every piece of advice the run's files carry, in their own order."""
+    """(source, text) for every piece of advice the run's reports carry, in their own order."""
     items: list[tuple[str, str]] = []
-    for src, docs in (("profile", art.profile), ("plan", art.plan), ("memory", art.memory)):
-        for d in docs:
-            for a in d.get("advice", []) or []:
-                items.append((src, a.get("text", str(a)) if isinstance(a, dict) else str(a)))
-            if src == "plan":
-                items.extend((src, str(n)) for n in d.get("notes", []) or [])
-            if src == "memory":
-                if d.get("lever") and d.get("dominant_part"):
-                    items.append((src, f"{d['dominant_part']} dominate the peak; lever: {d['lever']}"))
-                items.extend((src, str(n)) for n in d.get("notes", []) or [])
+    for p in art.profile:
+        items += [("profile", a.text) for a in p.advice]
+    for plan in art.plan:
+        items += [("plan", n) for n in plan.notes]
+    for m in art.memory:
+        items.append(("memory", f"{memory_label(m)}: {m.lever_line}"))
+        items += [("memory", n) for n in m.notes]
     return items
-
-
-def plan_rows(plan: dict) -> list[dict]:
-    """The ranked candidates of one planner output (``plans``/``candidates``/``ranked``), else the plan itself."""
-    for k in ("plans", "candidates", "ranked", "rows"):
-        if isinstance(plan.get(k), list):
-            return [r for r in plan[k] if isinstance(r, dict)]
-    return [plan]
 
 
 def _finite_or_nan(v: Any) -> float:
@@ -160,7 +143,8 @@ def _finite_or_nan(v: Any) -> float:
     return f if math.isfinite(f) else math.nan
 
 
-def read_docs(path: Path, notes: list[str]) -> list[dict]:
+def read_docs(path: Path, notes: list[str]) -> list[Any]:
+    """The JSON values a report file holds (one object, or a list of them); [] with a note when unreadable."""
     if not path.exists():
         return []
     try:
@@ -168,10 +152,22 @@ def read_docs(path: Path, notes: list[str]) -> list[dict]:
     except (OSError, ValueError) as e:
         notes.append(f"{path.name}: not readable as JSON ({e}); left out")
         return []
-    if isinstance(d, dict) and isinstance(d.get("reports"), list):
+    if isinstance(d, dict) and isinstance(d.get("reports"), list):  # the container docs/report.md allows
         d = d["reports"]
-    docs = d if isinstance(d, list) else [d]
-    return [x for x in docs if isinstance(x, dict)]
+    return d if isinstance(d, list) else [d]
+
+
+def read_reports(path: Path, kind, notes: list[str]) -> list:
+    """Each object in ``path`` as a ``kind`` (e.g. MemoryReport) via ``from_dict``; one note per object that is not."""
+    docs = read_docs(path, notes)
+    out = []
+    for i, d in enumerate(docs):
+        try:
+            out.append(kind.from_dict(d))
+        except ResultFormatError as e:
+            where = path.name if len(docs) == 1 else f"{path.name} entry {i + 1}"
+            notes.append(f"{where}: not a {kind.__name__} ({e}); left out")
+    return out
 
 
 def load_run(run_dir: str | Path) -> RunArtifacts:
@@ -196,6 +192,8 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
     cfg = root / "config.toml"
     return RunArtifacts(
         run_dir=str(root), config=cfg.read_text() if cfg.exists() else "", loss=loss,
-        memory=read_docs(root / MEMORY, notes), profile=read_docs(root / PROFILE, notes),
-        plan=read_docs(root / PLAN, notes), verify=read_docs(root / VERIFY, notes), train_time=train_time, notes=notes,
+        memory=read_reports(root / MEMORY, MemoryReport, notes),
+        profile=read_reports(root / PROFILE, ProfileReport, notes),
+        plan=read_reports(root / PLAN, PlanReport, notes), verify=read_reports(root / VERIFY, VerifyReport, notes),
+        train_time=train_time, notes=notes,
     )

@@ -20,9 +20,10 @@ from trainfit.report.data import (
     load_run,
     memory_label,
     memory_parts,
-    plan_rows,
+    profile_label,
     time_parts,
 )
+from trainfit.units import fmt_bytes
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
@@ -91,12 +92,12 @@ def _loss_section(art: RunArtifacts) -> str:
 def _memory_section(art: RunArtifacts) -> str:
     if not art.memory:
         return ""
-    labels = [memory_label(r, i) for i, r in enumerate(art.memory)]
+    labels = [memory_label(r) for r in art.memory]
     parts = [memory_parts(r) for r in art.memory]
-    peaks = [r.get("peak_bytes") for r in art.memory]
+    peaks: list[int | None] = [r.peak_bytes for r in art.memory]
     mib = 2.0**20
-    rows = [[lab] + [p[k] / mib for k in p] + [(pk or 0) / mib, r.get("peak_phase", ""), r.get("method", "")]
-            for lab, p, pk, r in zip(labels, parts, peaks, art.memory)]
+    rows = [[lab] + [v / mib for v in p.values()] + [r.peak_bytes / mib, r.peak_phase, r.method]
+            for lab, p, r in zip(labels, parts, art.memory)]
     header = ["configuration"] + [f"{k} MiB" for k in parts[0]] + ["peak MiB", "peak phase", "method"]
     return "\n".join(["<h2>Memory</h2>", _img(plots.memory_png(labels, parts, peaks), "memory parts",
                       "Largest live bytes of each part during one optimizer step; the black tick is the peak "
@@ -104,60 +105,54 @@ def _memory_section(art: RunArtifacts) -> str:
 
 
 def _time_section(art: RunArtifacts) -> str:
-    profs = [(i, p, time_parts(p)) for i, p in enumerate(art.profile)]
-    profs = [x for x in profs if x[2]]
+    shown = [(profile_label(p, i), time_parts(p), p.bottleneck) for i, p in enumerate(art.profile)]
     if art.train_time:  # train logs its phases too: shown beside (or instead of) a profile
-        profs.append((len(profs), {"label": "train (metrics.jsonl)"}, art.train_time))
-    if not profs:
+        shown.append(("train (metrics.jsonl)", art.train_time, ""))
+    if not shown:
         return ""
-    labels = [str(p.get("label") or f"profile {i + 1}") for i, p, _ in profs]
-    parts = [t for _, _, t in profs]
     rows = []
-    for lab, (_, p, t) in zip(labels, profs):
+    for lab, t, bottleneck in shown:
         total = sum(t.values()) or 1.0
         rows += [[lab, k, v * 1e3, f"{v / total:.0%}"] for k, v in t.items()]
-        if p.get("bottleneck"):
-            rows.append([lab, "bottleneck", _Raw(f"<b>{_e(p['bottleneck'])}</b>"), ""])
-    return "\n".join(["<h2>Step time</h2>", _img(plots.time_png(labels, parts), "step time breakdown",
-                      "Median time per optimizer step by phase."),
+        if bottleneck:
+            rows.append([lab, "bottleneck", _Raw(f"<b>{_e(bottleneck)}</b>"), ""])
+    return "\n".join(["<h2>Step time</h2>", _img(plots.time_png([s[0] for s in shown], [s[1] for s in shown]),
+                                                  "step time breakdown", "Median time per optimizer step by phase."),
                       _table(["profile", "phase", "ms (median)", "share"], rows)])
 
 
-def _scalar_columns(rows: list[dict]) -> list[str]:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k, v in r.items() if k not in cols and k not in ("reasons", "advice")
-                 and (v is None or isinstance(v, (str, int, float, bool)))]
-    return cols
-
-
-def _reasons(v: object) -> _Raw:
-    if isinstance(v, (list, tuple)):
-        return _Raw("<ul>" + "".join(f"<li>{_e(x.get('text', x) if isinstance(x, dict) else x)}</li>"
-                                     for x in v) + "</ul>")
-    return _Raw(_e(v if v is not None else ""))
-
-
-def _mib(col: str, v: object) -> object:
-    return v / 2**20 if "bytes" in col and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+def _list(items) -> _Raw:
+    return _Raw("<ul>" + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>")
 
 
 def _plan_section(art: RunArtifacts) -> str:
     out = []
-    for doc in art.plan:
-        rows = plan_rows(doc)
-        cols = _scalar_columns(rows)
-        header = [c.replace("bytes", "MiB") for c in cols] + ["reasons"]
-        out.append(_table(header, [[_mib(c, r.get(c, "")) for c in cols] + [_reasons(r.get("reasons"))]
-                                   for r in rows]))
+    header = ["precision", "micro_batch", "accumulation", "checkpointing", "strategy", "grad_sync",
+              "peak MiB per device", "step_s", "scaling_efficiency", "fits", "compute_s", "exposed_comm_s", "reasons"]
+    for plan in art.plan:
+        out.append(f"<p>{_e(plan.model)}: global batch {plan.global_batch} on {plan.devices} device(s) of "
+                   f"{_e(fmt_bytes(plan.device_memory_bytes))}; basis {_e(plan.basis)}; {plan.candidates} "
+                   f"candidates, {len(plan.plans)} shown</p>")
+        out.append(_table(header, [[r.precision, r.micro_batch, r.accumulation, r.checkpointing, r.strategy,
+                                    r.grad_sync, r.peak_bytes_per_device / 2**20, r.step_s, r.scaling_efficiency,
+                                    r.fits, r.compute_s, r.exposed_comm_s, _list(r.reasons)] for r in plan.plans]))
     return "<h2>Plan</h2>\n" + "\n".join(out) if out else ""
 
 
 def _verify_section(art: RunArtifacts) -> str:
     if not art.verify:
         return ""
-    cols = _scalar_columns(art.verify)
-    return "<h2>Verify</h2>\n" + _table(cols, [[r.get(c, "") for c in cols] for r in art.verify])
+    header = ["precision", "strategy", "micro_batch", "accumulation", "world_size", "global_batch", "grad_cosine",
+              "grad_rel_error", "grad_norm_ratio", "update_max_rel_error", "skipped_steps", "fp16_underflow_frac",
+              "loss_scale", "passed", "tolerance", "causes"]
+    # as precise as `trainfit verify` prints them: a cosine of 0.99998 must not read as 1
+    rows = [[r.precision, r.strategy, r.micro_batch, r.accumulation, r.world_size, r.global_batch,
+             f"{r.grad_cosine:.8f}", f"{r.grad_rel_error:.3e}", f"{r.grad_norm_ratio:.6g}",
+             f"{r.update_max_rel_error:.3e}", r.skipped_steps, f"{r.fp16_underflow_frac:.2%}", r.loss_scale, r.passed, _list([f"cosine >= {r.tolerance.min_cosine}",
+                                            f"gradient error <= {r.tolerance.max_grad_rel_error}",
+                                            f"update error <= {r.tolerance.max_update_rel_error}"]),
+             _list(r.causes)] for r in art.verify]
+    return "<h2>Verify</h2>\n" + _table(header, rows)
 
 
 def render(art: RunArtifacts) -> str:

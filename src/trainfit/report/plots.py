@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainfit.errors import ConfigError
 from trainfit.report.data import LossSeries
-from trainfit.results import MemoryReport
+from trainfit.results import MemoryReport, ProfileReport
 from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PART_LABELS, PARTS
 
@@ -146,9 +146,8 @@ def plot_memory(report: MemoryReport, path: str | Path, *, budget_bytes: int | N
     return out
 
 
-_PARTS = (("data_wait_s", "data wait"), ("h2d_s", "host-to-device"), ("forward_s", "forward"),
-          ("backward_s", "backward"), ("optimizer_s", "optimizer"), ("comm_exposed_s", "exposed comm"),
-          ("rest_s", "rest"))
+_PART_NAMES = {"data_wait": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
+               "optimizer": "optimizer", "comm_exposed": "exposed comm", "rest": "rest"}
 
 
 def check_plot_path(path: str) -> None:
@@ -156,7 +155,7 @@ def check_plot_path(path: str) -> None:
         raise ConfigError("--plot", path, "a file name ending in .png")
 
 
-def plot_profile(report: dict, path: str) -> str:
+def plot_profile(report: ProfileReport, path: str) -> str:
     """Write a two-panel PNG to ``path``; returns the path.
 
     Raises:
@@ -167,16 +166,16 @@ def plot_profile(report: dict, path: str) -> str:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     bottom = 0.0
-    for key, label in _PARTS:
-        ms = report[key] * 1e3
-        ax1.bar(["step"], [ms], bottom=bottom, color=COLORS.get(key.removesuffix("_s")), label=f"{label} {ms:,.1f} ms")
+    for name, label in _PART_NAMES.items():
+        ms = report.phases[name] * 1e3
+        ax1.bar(["step"], [ms], bottom=bottom, color=COLORS.get(name), label=f"{label} {ms:,.1f} ms")
         bottom += ms
     ax1.set_ylabel("median time per optimizer step (ms)")
-    ax1.set_title(f"bottleneck: {report['bottleneck']}")
+    ax1.set_title(f"bottleneck: {report.bottleneck}")
     ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
-    sc = report.get("scaling") or {}
-    curves = sc.get("curves") or {}
+    sc = report.scaling
+    curves = sc.get("curves", {})  # scaleout's dict (empty without a known bandwidth; {} when not stored)
     if curves:
         top = max(p["n"] for c in curves.values() for p in c["points"])
         ax2.plot([1, top], [1, top], "k--", label="ideal")

@@ -12,7 +12,14 @@ from trainfit.presets import GPT_PRESETS, GPTConfig
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.cnn import SmallCNN
 from trainfit.tasks.gpt import GPT
-from trainfit.tasks.synthetic import IGNORE_INDEX, TemplateImages, TokenRules, collate_images, collate_tokens
+from trainfit.tasks.synthetic import (
+    IGNORE_INDEX,
+    TemplateImages,
+    TokenRules,
+    check_token_rules,
+    collate_images,
+    collate_tokens,
+)
 
 BUILTIN_MODELS = (*GPT_PRESETS, "cnn")
 
@@ -63,6 +70,7 @@ def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides
     cfg = dataclasses.replace(base, **ov)
     if seq_len > cfg.max_seq_len:
         cfg = dataclasses.replace(cfg, max_seq_len=seq_len)
+    check_token_rules(cfg.vocab_size, seq_len)
 
     def build():
         torch.manual_seed(seed)

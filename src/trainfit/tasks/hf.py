@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from trainfit.errors import ConfigError, ModelError
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
-from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, collate_tokens
+from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, check_token_rules, collate_tokens
 
 HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration", "ForSequenceClassification",
          "ForImageClassification")
@@ -197,6 +197,7 @@ def _attach_data(task: GenericTask, kind: str, config, seq_len: int, seed: int, 
         return torch.randint(1, vocab, (seq_len,), generator=g)
 
     if kind == "causal":
+        check_token_rules(vocab, seq_len)
         task.dataset = lambda: TokenRules(size=size, seq_len=seq_len, vocab_size=vocab, seed=seed)
         task.collate = collate_tokens
         task.example_batch = lambda n: full_length_tokens(n, seq_len, vocab, seed)

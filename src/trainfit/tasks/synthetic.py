@@ -21,13 +21,19 @@ IGNORE_INDEX = -100
 N_RULES = 8
 
 
+def check_token_rules(vocab_size: int, seq_len: int) -> None:
+    """Refuse, naming the field, a model whose vocabulary or length cannot hold the generated token rules.
+    Called when a task is built, so the error comes before a run directory is made."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= N_RULES + 2:
+        raise ConfigError("model_config.vocab_size", vocab_size, f"an integer >= {N_RULES + 3}",
+                          f"the generated token rules use ids 0..{N_RULES} for padding and rule markers")
+    if seq_len < 2:
+        raise ConfigError("seq_len", seq_len, "an integer >= 2")
+
+
 class TokenRules(Dataset):
     def __init__(self, *, size: int, seq_len: int, vocab_size: int, seed: int, noise: float = 0.05) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= N_RULES + 2:
-            raise ConfigError("model_config.vocab_size", vocab_size, f"an integer >= {N_RULES + 3}",
-                              f"the generated token rules use ids 0..{N_RULES} for padding and rule markers")
-        if seq_len < 2:
-            raise ConfigError("seq_len", seq_len, "an integer >= 2")
+        check_token_rules(vocab_size, seq_len)
         rng = np.random.default_rng([seed, 0x7F1])
         self.seq_len = seq_len
         body = vocab_size - N_RULES - 1  # ids 1..N_RULES announce the rule; 0 is padding
