@@ -353,7 +353,8 @@ class ProfileReport(_Typed):
     """Where each optimizer step's time goes (medians per device over the profiled steps), and what to do.
 
     The fields are the keys of ``trainfit profile --json`` in its order; the configuration it was
-    measured on is ``strategy``, ``world_size``, ``rank`` and ``micro_batch`` (from the batch probe).
+    measured on is ``model``, ``precision``, ``checkpointing``, ``accumulation``, ``strategy``,
+    ``world_size``, ``rank`` and ``micro_batch`` (from the batch probe).
     """
 
     data_wait_frac: float
@@ -403,6 +404,12 @@ class ProfileReport(_Typed):
     warmup: int
     trace: str | None = None
     threads: int | None = None
+    model: str = ""
+    precision: str = ""
+    """The configuration profiled (with strategy, world_size and the batch probe's micro_batch); empty in
+    profiles stored before these keys existed."""
+    checkpointing: str = ""
+    accumulation: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property

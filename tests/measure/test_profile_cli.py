@@ -38,6 +38,9 @@ def test_json_keys_plot_and_trace(tmp_path, capsys, one_thread):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = ProfileReport.from_dict(r)  # the printed object is the typed report (plus the plot's path)
     assert report.to_dict() == r and report.extra == {"plot": str(png)} and report.steps == 3
+    # the configuration it measured, as given on the command line (the defaults for what was not)
+    assert (r["model"], r["precision"], r["accumulation"], r["checkpointing"], report.micro_batch) == \
+        ("gpt-tiny", "fp32", 2, "none", 2)
     traces = list(trace.glob("*.json"))
     assert traces and "traceEvents" in traces[0].read_text()[:2000]
 

@@ -91,6 +91,7 @@ PROFILE = {
                 "comm_dominates_beyond": None, "calls_per_step": {"ddp": 3}},
     "grad_sync_separable": True, "device": "cpu", "world_size": 1, "rank": 0, "strategy": "single",
     "steps": 20, "warmup": 3, "trace": None, "threads": 2,
+    "model": "gpt-tiny", "precision": "bf16-mixed", "checkpointing": "none", "accumulation": 4,
 }
 
 

@@ -93,6 +93,7 @@ def test_the_configuration_is_on_the_reports():
     mem, prof, plan, ver = (kind.from_dict(doc) for _, kind, doc in KINDS[1:])
     assert (mem.precision, mem.checkpointing, mem.batch, mem.accumulation) == ("bf16-true", "full", 8, 1)
     assert (prof.strategy, prof.world_size, prof.micro_batch) == ("single", 1, 8)
+    assert (prof.model, prof.precision, prof.accumulation, prof.checkpointing) == ("gpt-tiny", "bf16-mixed", 4, "none")
     assert (plan.global_batch, plan.devices) == (64, 8)
     assert [(r.strategy, r.precision, r.micro_batch, r.accumulation, r.checkpointing) for r in plan.plans] == [
         ("zero2", "bf16-mixed", 4, 2, "full"), ("ddp", "bf16-mixed", 4, 2, "full")]
@@ -145,7 +146,7 @@ def test_what_is_not_a_report_is_refused_with_the_field_named(kind, doc, message
 
 @pytest.mark.parametrize("name, kind, doc, heading, shown", [
     ("memory.json", MemoryReport, MEMORY, "Memory", ["bf16-true / full / batch 8", "master copy adds 12 MiB"]),
-    ("profile.json", ProfileReport, PROFILE, "Step time", ["profile 1: single x 1, micro-batch 8", "input",
+    ("profile.json", ProfileReport, PROFILE, "Step time", ["profile 1: bf16-mixed, micro-batch 8, accumulation 4, checkpointing none, single x 1", "input",
                                                            "raise loader_workers from 0 to 2"]),
     ("plan.json", PlanReport, PLAN, "Plan", ["llama-7b: global batch 64 on 8 device(s)",
                                              "zero2 halves gradient memory per rank", "step times assume 40%"]),

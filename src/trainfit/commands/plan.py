@@ -13,37 +13,39 @@ import torch
 from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.meters.devices import device_row, dtypes_of, measure_loopback
+from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
 from trainfit.plan.rules import Context
 from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
 from trainfit.plan.shapes import run_spec
+from trainfit.presets import MODEL_HELP
 from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, with_dist_overhead
 from trainfit.results import PlanReport, PlanRow
 from trainfit.units import parse_bytes
-from trainfit.vocabulary import strategy_facts
+from trainfit.vocabulary import Optimizer, choices, strategy_facts
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="choose the levers for a job so it fits and runs fastest")
-    p.add_argument("--model", default="gpt-tiny", help="built-in GPT, llama-7b, llama-70b, hf:Class, module:callable")
+    p.add_argument("--model", default="gpt-tiny", help=MODEL_HELP)
     p.add_argument("--model-config", default="", help="key=value,... overrides")
     p.add_argument("--global-batch", required=True, help="samples per optimizer step over all devices")
     p.add_argument("--seq", "--seq-len", dest="seq_len", default="64", help="sequence length in tokens")
     p.add_argument("--device-memory", required=True, help="memory per device, e.g. 80GiB")
     p.add_argument("--devices", default="1", help="total devices")
     p.add_argument("--nodes", default="1", help="nodes the devices are spread over")
-    p.add_argument("--device", default="h100", help="h100, a100 or cpu")
+    p.add_argument("--device", default="h100", help=f"the device to plan for: {choices(DEVICES)} (default h100)")
     p.add_argument("--bandwidth-intra", help="per-device bandwidth inside a node, e.g. 450GB/s")
     p.add_argument("--bandwidth-inter", help="per-device bandwidth between nodes, e.g. 50GB/s")
-    p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
+    p.add_argument("--optimizer", default=str(Optimizer.ADAMW), help=choices(Optimizer))
     p.add_argument("--headroom", default="0.1", help="share of device memory kept free (default 0.1)")
     p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
     p.add_argument("--calibrate", action="store_true",
                    help="cpu only: fit the compute rate to a few measured steps of this model (seconds); with "
                         "--devices > 1 also the distributed overhead, measured on 2 gloo processes (~1 min)")
-    p.add_argument("--precisions", help="comma-separated subset to consider (default: all five)")
-    p.add_argument("--checkpointings", help="comma-separated subset of none, every:2, full (default: all)")
-    p.add_argument("--strategies", help="comma-separated subset of single, ddp, zero1, zero2, zero3 (default: all)")
+    p.add_argument("--precisions", help=f"comma-separated subset of {', '.join(PRECISION_CHOICES)} (default: all)")
+    p.add_argument("--checkpointings", help=f"comma-separated subset of {', '.join(CHECKPOINT_CHOICES)} or every:K "
+                                            "(default: all)")
+    p.add_argument("--strategies", help=f"comma-separated subset of {', '.join(STRATEGY_CHOICES)} (default: all)")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")

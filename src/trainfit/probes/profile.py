@@ -356,4 +356,6 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         scaling=scaling, grad_sync_separable=st.world_size == 1 or cfg.accumulation >= 2,
         device=str(st.device), world_size=st.world_size, rank=st.rank, strategy=cfg.strategy,
         steps=options.steps, warmup=options.warmup, trace=trace, threads=torch.get_num_threads(),
+        model=cfg.model, precision=str(cfg.precision), checkpointing=cfg.checkpointing.spec,
+        accumulation=cfg.accumulation,
     )

@@ -118,8 +118,13 @@ def time_parts(profile: ProfileReport) -> dict[str, float]:
 
 
 def profile_label(profile: ProfileReport, index: int) -> str:
-    return (f"profile {index + 1}: {profile.strategy} x {profile.world_size}, micro-batch "
-            f"{profile.micro_batch}")
+    """The configuration one profile measured (precision and accumulation where the profile recorded them)."""
+    levers = [profile.precision, f"micro-batch {profile.micro_batch}"]
+    if profile.accumulation:
+        levers.append(f"accumulation {profile.accumulation}")
+    if profile.checkpointing:
+        levers.append(f"checkpointing {profile.checkpointing}")
+    return f"profile {index + 1}: " + ", ".join(x for x in levers if x) + f", {profile.strategy} x {profile.world_size}"
 
 
 def advice_items(art: RunArtifacts) -> list[tuple[str, str]]:
