@@ -20,7 +20,7 @@ from trainfit.plan.shapes import run_spec
 from trainfit.presets import MODEL_HELP
 from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, with_dist_overhead
 from trainfit.results import PlanReport, PlanRow
-from trainfit.units import parse_bytes
+from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import Optimizer, choices, strategy_facts
 
 
@@ -193,7 +193,7 @@ def format_table(entries) -> str:
     lines = [head]
     for i, e in enumerate(entries, 1):
         n = e.peak_bytes_per_device
-        peak = f"{n / 2**30:.3g}Gi" if n >= 2**30 else f"{n / 2**20:.3g}Mi"
+        peak = fmt_bytes(n)
         why = "yes" if e.fits else "no"
         if e.reasons:
             why += ": " + "; ".join(e.reasons)

@@ -38,10 +38,12 @@ from trainfit.meters.flops import FlopCounter
 from trainfit.meters.timers import PhaseTimer
 from trainfit.probes import scaleout
 from trainfit.probes.advice import Findings, Thresholds, advise
+from trainfit.probes.batchfit import scaling_from_reports
 from trainfit.probes.memory import measure_memory
-from trainfit.results import Advice, BatchProbe, ProfileReport
+from trainfit.results import Advice, BatchProbe, MemoryReport, ProfileReport
 from trainfit.run import Run
 from trainfit.tasks.base import to_device
+from trainfit.units import fmt_bytes
 
 PARTS = ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s", "step_s")
 
@@ -255,9 +257,10 @@ def _fit_micro_batch(run: Run, m: int, max_micro_batch: int = 1024) -> tuple[int
     """The largest micro-batch m*2^k whose measured memory report fits the budget.
 
     Uses the memory report (``trainfit.probes.memory.measure_memory``: a real step under the
-    storage tracker, worst-case full-length batch): peaks at m and 2m give bytes per sample,
-    the linear extrapolation proposes a candidate, and measured peaks decide (doubled while
-    the next fits, halved until one does). Without a budget (CPU without memory_cap) it suggests 2m, which just ran.
+    storage tracker, worst-case full-length batch): the reports at m and 2m give the batch scaling
+    (``probes.batchfit``, the one linear fit of memory in the micro-batch), whose largest fitting
+    micro-batch proposes a candidate, and measured peaks decide (doubled while the next fits, halved
+    until one does). Without a budget (CPU without memory_cap) it suggests 2m, which just ran.
     """
     budget, what = _budget(run)
     if budget is None:
@@ -269,13 +272,20 @@ def _fit_micro_batch(run: Run, m: int, max_micro_batch: int = 1024) -> tuple[int
     # more would only repeat it, at the cost of a tracked step each.
     cfg = dataclasses.replace(run.cfg, accumulation=min(run.cfg.accumulation, 2))
 
-    def peak(b: int) -> int:
-        return measure_memory(cfg, batch=b, run=run).peak_bytes
+    def report(b: int) -> MemoryReport:
+        return measure_memory(cfg, batch=b, run=run)
 
-    p1, p2 = peak(m), peak(2 * m)
-    per_sample = max((p2 - p1) / m, 1.0)
+    def peak(b: int) -> int:
+        return report(b).peak_bytes
+
+    r1, r2 = report(m), report(2 * m)
+    p1, p2 = r1.peak_bytes, r2.peak_bytes
+    try:
+        fitted = scaling_from_reports((r1, r2)).max_micro_batch(budget)
+    except ConfigError:  # not even micro-batch 1 fits by the fit: the measured peaks below decide
+        fitted = 0
     cand = m
-    while cand * 2 <= limit and p1 + (cand * 2 - m) * per_sample <= budget:
+    while cand * 2 <= min(limit, fitted):
         cand *= 2
     # The extrapolation only proposes; measured peaks decide: climb while the next doubling
     # fits, or halve until one does.
@@ -283,16 +293,16 @@ def _fit_micro_batch(run: Run, m: int, max_micro_batch: int = 1024) -> tuple[int
     if p <= budget:
         while cand * 2 <= limit and (p_next := peak(cand * 2)) <= budget:
             cand, p = cand * 2, p_next
-        return cand, (f"measured peak {p / 2**20:,.1f} MiB at micro_batch={cand} fits {what} "
-                      f"{budget / 2**20:,.1f} MiB (memory report)")
+        return cand, (f"measured peak {fmt_bytes(p)} at micro_batch={cand} fits {what} "
+                      f"{fmt_bytes(budget)} (memory report)")
     while cand > m:
         cand //= 2
         if cand > m and (p := peak(cand)) <= budget:
-            return cand, (f"measured peak {p / 2**20:,.1f} MiB at micro_batch={cand} fits {what} "
-                          f"{budget / 2**20:,.1f} MiB (memory report)")
+            return cand, (f"measured peak {fmt_bytes(p)} at micro_batch={cand} fits {what} "
+                          f"{fmt_bytes(budget)} (memory report)")
     if p2 <= budget:
-        return 2 * m, f"measured peak {p2 / 2**20:,.1f} MiB at micro_batch={2 * m} fits {what} (memory report)"
-    return None, f"no larger micro-batch fits {what} {budget / 2**20:,.1f} MiB (memory report at {m}: {p1:,} bytes)"
+        return 2 * m, f"measured peak {fmt_bytes(p2)} at micro_batch={2 * m} fits {what} (memory report)"
+    return None, f"no larger micro-batch fits {what} {fmt_bytes(budget)} (memory report at {m}: {fmt_bytes(p1)})"
 
 
 def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileReport:
