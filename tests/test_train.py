@@ -65,3 +65,17 @@ def test_cli_json_is_the_only_stdout(tmp_path):
     assert {"steps", "final_loss", "skipped_steps", "tokens_per_s", "effective_batch"} <= out.keys()
     assert out["steps"] == 2 and out["effective_batch"] == 32
     assert len(r.stdout.strip().splitlines()) == 1
+
+
+def test_one_file_and_sharded_checkpoints_share_the_resume_rule(tmp_path):
+    """One set of resume keys: the same global batch resumes (here split differently), another is refused."""
+    from trainfit.errors import CheckpointError
+
+    run_dir = str(tmp_path / "r")
+    train(RunConfig(**TINY, steps=2, run_dir=run_dir), progress=False)  # micro-batch 2 x accumulation 2
+    resplit = {**TINY, "micro_batch": 1, "accumulation": 4}  # the same 4 samples per step, cut in 4
+    assert train(RunConfig(**resplit, steps=3, run_dir=run_dir), resume=True, progress=False).steps == 3
+    with pytest.raises(CheckpointError, match="global batch of 4 samples per step .* this run has 8"):
+        train(RunConfig(**{**TINY, "accumulation": 4}, steps=4, run_dir=run_dir), resume=True, progress=False)
+    with pytest.raises(CheckpointError, match="written with seq_len=16, this run has seq_len=32"):
+        train(RunConfig(**{**TINY, "seq_len": 32}, steps=4, run_dir=run_dir), resume=True, progress=False)

@@ -89,6 +89,8 @@ def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: 
         if key in saved and saved[key] != now[key]:
             raise CheckpointError(f"checkpoint {path} was written with {key}={saved[key]!r}, this run has "
                                   f"{key}={now[key]!r}; resume with the same {key} or use a new --run-dir")
+    if not {"micro_batch", "accumulation"} <= saved.keys():
+        return  # written before the split was recorded: nothing to compare
     was = int(saved["micro_batch"]) * int(saved["accumulation"]) * saved_world
     have = int(now["micro_batch"]) * int(now["accumulation"]) * world
     if was != have:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainfit.checkpoint import restore_rng, rng_state
+from trainfit.checkpoint import check_resumable, restore_rng, rng_state
 from trainfit.config import RunConfig
 from trainfit.engine import LossFn, StepResult, optimizer_step
 from trainfit.errors import CheckpointError, ConfigError
@@ -28,9 +28,6 @@ from trainfit.meters.timers import NULL_TIMER, Timer
 from trainfit.strategies import Strategy, make_strategy
 from trainfit.tasks import Task, make_task
 from trainfit.vocabulary import Optimizer
-
-RESUME_KEYS = ("model", "model_config", "precision", "optimizer", "micro_batch", "accumulation", "seed", "seq_len")
-"""Config fields a checkpoint must agree on to be resumed (the one list, for .pt and sharded checkpoints)."""
 
 
 def make_optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -97,7 +94,8 @@ class Run:
 
     def restore(self, state: dict, path: Path) -> int:
         """Load a one-file checkpoint's ``state``; returns the next step to run."""
-        check_resumable(state.get("config", {}), self.cfg, path)
+        saved = state.get("config") or self.cfg.to_dict()  # a one-file checkpoint is written by one process
+        check_resumable(saved, 1, self.cfg.to_dict(), self.strategy.world_size, path)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -107,15 +105,6 @@ class Run:
                                   f"{str(e).splitlines()[0]}") from None
         restore_rng(state["rng"], self.strategy.device)
         return int(state["data"]["next_step"])
-
-
-def check_resumable(saved: dict, cfg: RunConfig, path: Path) -> None:
-    """Refuse a checkpoint written with a different job (any of :data:`RESUME_KEYS`)."""
-    now = cfg.to_dict()
-    for key in RESUME_KEYS:
-        if key in saved and saved[key] != now[key]:
-            raise CheckpointError(f"checkpoint {path} was written with {key}={saved[key]!r}, this run has "
-                                  f"{key}={now[key]!r}; resume with the same {key} or use a new --run-dir")
 
 
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
