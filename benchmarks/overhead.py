@@ -1,6 +1,6 @@
 """What does trainfit cost per optimizer step, beside a hand-written loop, Accelerate and Fabric?
 
-Two measurements, each interleaving the four ways of writing the same step in one process
+Two measurements, each interleaving the five ways of writing the same step in one process
 (round-robin in a shuffled order per round, so machine load hits all of them alike):
 
 1. The real job: the built-in GPT (gpt-tiny, 3.3M params, seq 64), micro-batch 8 x accumulation 4,
@@ -13,7 +13,8 @@ Two measurements, each interleaving the four ways of writing the same step in on
 Every variant does the same arithmetic: the window's loss sum divided by the window's item count
 (Accelerate's ``backward`` divides by the accumulation steps, so its loss is multiplied back), one
 loss read-back per step, clipping at 1.0, AdamW. The final losses are printed beside the times as a
-check that the four loops train the same way.
+check that the five loops train the same way. ``trainfit-run`` is the same step through ``Run.step``, the
+path the training loop and the probes take (one call more than ``optimizer_step``).
 
 Needs ``pip install -r benchmarks/requirements.txt`` (accelerate, lightning); not part of the tests.
 
@@ -32,6 +33,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -41,15 +43,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_results  # noqa: E402
 
 import trainfit  # noqa: E402
+from trainfit.config import RunConfig  # noqa: E402
+from trainfit.run import Run  # noqa: E402
+from trainfit.strategies import Single  # noqa: E402
 from trainfit.tasks import make_task  # noqa: E402
 
-VARIANTS = ("hand", "trainfit", "accelerate", "fabric")
+VARIANTS = ("hand", "trainfit", "trainfit-run", "accelerate", "fabric")
 PRECISIONS = ("fp32", "bf16-mixed")
 ACCUM = 4
 CLIP = 1.0
 
 
-# ---- the four ways to write one optimizer step -------------------------------------------------
+# ---- the five ways to write one optimizer step -------------------------------------------------
 
 def hand_loop(model, loss_fn, count_fn, precision):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -80,6 +85,21 @@ def trainfit_loop(model, loss_fn, count_fn, precision):
     def step(mbs):
         return trainfit.optimizer_step(model=model, optimizer=opt, precision=prec, micro_batches=mbs,
                                        loss_fn=loss_fn, count_fn=count_fn, grad_clip=CLIP).loss
+
+    return step
+
+
+def trainfit_run_loop(model, loss_fn, count_fn, precision):
+    """The same step through ``Run.step``, the path ``trainfit train`` and the probes take."""
+    prec = trainfit.make_precision(precision)
+    prec.prepare(model)
+    opt = torch.optim.AdamW(prec.optimizer_params(model), lr=3e-3)
+    task = SimpleNamespace(loss=loss_fn, count=count_fn)  # Run.step reads only these two of its task
+    run = Run(cfg=RunConfig(grad_clip=CLIP), task=task, model=model, precision=prec, strategy=Single(),
+              optimizer=opt)
+
+    def step(mbs):
+        return run.step(mbs).loss
 
     return step
 
@@ -135,7 +155,8 @@ def fabric_loop(model, loss_fn, count_fn, precision):
     return step
 
 
-LOOPS = {"hand": hand_loop, "trainfit": trainfit_loop, "accelerate": accelerate_loop, "fabric": fabric_loop}
+LOOPS = {"hand": hand_loop, "trainfit": trainfit_loop, "trainfit-run": trainfit_run_loop, "accelerate": accelerate_loop,
+         "fabric": fabric_loop}
 
 
 # ---- jobs ------------------------------------------------------------------------------------------

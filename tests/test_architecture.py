@@ -42,22 +42,14 @@ def _layer(module: str) -> int:
     return LAYERS[best]
 
 
-def _type_checking_block(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 class Imports(ast.NodeVisitor):
-    """Module-level imports (run when the module loads) and function-local ones, with line numbers."""
+    """Module-level imports (run when the module loads, or read for annotations under ``TYPE_CHECKING``: those
+    go down too) and function-local ones, with line numbers."""
 
     def __init__(self) -> None:
         self.top: list[tuple[str, int]] = []
         self.local: list[tuple[str, int]] = []
         self._depth = 0
-
-    def visit_If(self, node: ast.If) -> None:
-        if _type_checking_block(node):
-            return  # annotations only: never executed
-        self.generic_visit(node)
 
     def _func(self, node) -> None:
         self._depth += 1

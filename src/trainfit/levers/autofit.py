@@ -24,18 +24,42 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
+from trainfit.config import RunConfig
 from trainfit.data import make_loader
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.levers.precision import Precision
 from trainfit.meters.tracker import memory_cap
-from trainfit.tasks.base import to_device
+from trainfit.tasks.base import Task, to_device
 
-if TYPE_CHECKING:  # annotations only: the Fitter is handed the built run, it never builds or imports one
-    from trainfit.engine import StepResult
-    from trainfit.run import Run
+
+class _Ranks(Protocol):
+    """The part of a strategy auto-fit uses: where this rank is, and one collective to agree on out-of-memory."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    def all_reduce_max(self, t: torch.Tensor) -> None: ...
+
+
+class Steppable(Protocol):
+    """What the Fitter reads of the run it steps; :class:`trainfit.run.Run` is one. Declared here, below the
+    run, so the lever never imports upward (not even for annotations)."""
+
+    cfg: RunConfig
+    task: Task
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    strategy: _Ranks
+
+    def step(self, micro_batches: list, **kw: Any) -> Any:
+        """One optimizer step (``engine.StepResult``)."""
 
 
 def shrink(micro_batch: int, accumulation: int) -> tuple[int, int]:
@@ -81,7 +105,7 @@ class Fitter:
         auto: shrink on out-of-memory (``micro_batch="auto"``); otherwise re-raise it.
     """
 
-    def __init__(self, run: Run, *, start_step: int, auto: bool) -> None:
+    def __init__(self, run: Steppable, *, start_step: int, auto: bool) -> None:
         self.run, self.auto = run, auto
         self.micro_batch, self.accumulation = run.cfg.micro_batch, run.cfg.accumulation
         self.events: list[dict] = []
@@ -115,7 +139,7 @@ class Fitter:
         return memory_cap(cap, model=run.model, optimizer=run.optimizer,
                           optimizer_params=run.precision.optimizer_params(run.model))
 
-    def step(self, step: int, micro_batches: list, **step_kw) -> StepResult:
+    def step(self, step: int, micro_batches: list, **step_kw) -> Any:
         """One optimizer step over ``micro_batches``, redone with a smaller split after an out-of-memory."""
         run, st = self.run, self.run.strategy
         while True:

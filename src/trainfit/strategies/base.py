@@ -10,13 +10,30 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # annotations only: the run is built above the strategies and handed down
-    from trainfit.run import Run
+from trainfit.config import RunConfig
+from trainfit.levers.precision import Precision
+
+
+class Checkpointed(Protocol):
+    """What a strategy reads of the run it saves and loads; :class:`trainfit.run.Run` is one. Declared here,
+    below the run, so the strategies never import upward (not even for annotations)."""
+
+    cfg: RunConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    strategy: Strategy
+
+    def state(self, step: int) -> dict:
+        """The whole one-file checkpoint after ``step`` optimizer steps."""
+
+    def restore(self, state: dict, path: Path) -> int:
+        """Load a one-file checkpoint; the next step to run."""
 
 
 class Strategy(Protocol):
@@ -40,10 +57,10 @@ class Strategy(Protocol):
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer this rank steps (zero1: over its partition only; otherwise ``optimizer`` itself)."""
 
-    def save(self, run: Run, step: int) -> None:
+    def save(self, run: Checkpointed, step: int) -> None:
         """Checkpoint ``run`` after ``step`` optimizer steps (a collective where the strategy is distributed)."""
 
-    def load(self, run: Run, run_dir: Path) -> int | None:
+    def load(self, run: Checkpointed, run_dir: Path) -> int | None:
         """Restore the newest checkpoint in ``run_dir`` into ``run``; the next step, or None when there is none."""
 
 

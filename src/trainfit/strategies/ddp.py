@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -27,10 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainfit.strategies import dist_checkpoint
 from trainfit.strategies import process_group as pg
+from trainfit.strategies.base import Checkpointed
 from trainfit.vocabulary import GradSync, StrategyName
-
-if TYPE_CHECKING:  # annotations only: the run is built above the strategies and handed down
-    from trainfit.run import Run
 
 
 class Distributed:
@@ -53,11 +50,11 @@ class Distributed:
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
 
-    def save(self, run: Run, step: int) -> None:
+    def save(self, run: Checkpointed, step: int) -> None:
         """Sharded, directory-atomic checkpoint (see :mod:`trainfit.strategies.dist_checkpoint`)."""
         dist_checkpoint.save(run, step)
 
-    def load(self, run: Run, run_dir: Path) -> int | None:
+    def load(self, run: Checkpointed, run_dir: Path) -> int | None:
         return dist_checkpoint.resume(run, run_dir)
 
     def defer_sync(self, is_last: bool) -> bool:

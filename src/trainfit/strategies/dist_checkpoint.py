@@ -32,7 +32,6 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -48,10 +47,7 @@ from trainfit.checkpoint import (
     rng_state,
 )
 from trainfit.errors import CheckpointError
-from trainfit.strategies.base import unwrap
-
-if TYPE_CHECKING:  # annotations only: the run is built above the strategies and handed down
-    from trainfit.run import Run
+from trainfit.strategies.base import Checkpointed, unwrap
 
 FORMAT = "trainfit-dcp-v1"
 META = "trainfit.json"
@@ -84,7 +80,7 @@ def _step_of(path: Path) -> int:
     return int(re.search(r"step-(\d+)", path.name).group(1))
 
 
-def _trainable_names(run: Run) -> list[str]:
+def _trainable_names(run: Checkpointed) -> list[str]:
     names = [n for n, p in unwrap(run.model).named_parameters() if p.requires_grad]
     assert len(names) == len(run.precision.optimizer_params(run.model)), "optimizer params must follow model order"
     return names
@@ -117,7 +113,7 @@ def _materialise_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def _state(run: Run) -> tuple[dict, dict]:
+def _state(run: Checkpointed) -> tuple[dict, dict]:
     """The DCP state (tensors keyed by parameter name) and the precision's non-tensor state."""
     model_sd = unwrap(run.model).state_dict()
     opt = _local_optimizer(run.optimizer)
@@ -133,7 +129,7 @@ def _state(run: Run) -> tuple[dict, dict]:
     return state, precision
 
 
-def save(run: Run, step: int) -> Path:
+def save(run: Checkpointed, step: int) -> Path:
     """Write a sharded checkpoint after ``step`` optimizer steps (a collective: every rank calls it)."""
     d = checkpoint_dir(run.cfg.run_dir)
     final = d / f"step-{step:08d}.dcp"
@@ -166,7 +162,7 @@ def save(run: Run, step: int) -> Path:
     return final
 
 
-def load(run: Run, path: Path) -> int:
+def load(run: Checkpointed, path: Path) -> int:
     """Load a sharded checkpoint into ``run`` (any strategy, any world size); returns the next step.
 
     Raises:
@@ -194,7 +190,7 @@ def load(run: Run, path: Path) -> int:
     return int(meta["step"])
 
 
-def _save_rng(directory: Path, run: Run) -> None:
+def _save_rng(directory: Path, run: Checkpointed) -> None:
     """This rank's RNG state into ``directory/rng/rank{r}.pt`` (plain tensors: loads with weights_only)."""
     (directory / "rng").mkdir(exist_ok=True)
     buf = io.BytesIO()
@@ -202,7 +198,7 @@ def _save_rng(directory: Path, run: Run) -> None:
     atomic_write_bytes(directory / "rng" / f"rank{_rank()}.pt", buf.getvalue())
 
 
-def _load_rng(path: Path, run: Run, *, saved_world: int) -> None:
+def _load_rng(path: Path, run: Checkpointed, *, saved_world: int) -> None:
     if saved_world != _world():
         if _rank() == 0:
             warnings.warn(f"checkpoint {path.name} was written by {saved_world} ranks, this run has {_world()}: "
@@ -222,7 +218,7 @@ def _load_rng(path: Path, run: Run, *, saved_world: int) -> None:
         raise CheckpointError(f"checkpoint {path}: unreadable RNG state {file.name} ({type(e).__name__})") from None
 
 
-def resume(run: Run, run_dir: str | Path) -> int | None:
+def resume(run: Checkpointed, run_dir: str | Path) -> int | None:
     """Restore the newest checkpoint in ``run_dir``, sharded or one-file; the next step, or None when there is none.
 
     A sharded checkpoint loads into any strategy and world size; a one-file (``.pt``) one only into ``single``.

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from trainfit.checkpoint import save_checkpoint
+from trainfit.strategies.base import Checkpointed
 from trainfit.strategies.dist_checkpoint import resume
 from trainfit.vocabulary import StrategyName
-
-if TYPE_CHECKING:  # annotations only: the run is built above the strategies and handed down
-    from trainfit.run import Run
 
 
 class Single:
@@ -46,9 +43,9 @@ class Single:
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
 
-    def save(self, run: Run, step: int) -> None:
+    def save(self, run: Checkpointed, step: int) -> None:
         """One ``.pt`` file with its sha256 sidecar, written atomically."""
         save_checkpoint(run.cfg.run_dir, step, run.state(step), keep=run.cfg.keep_checkpoints)
 
-    def load(self, run: Run, run_dir: Path) -> int | None:
+    def load(self, run: Checkpointed, run_dir: Path) -> int | None:
         return resume(run, run_dir)
