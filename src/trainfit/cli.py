@@ -16,16 +16,7 @@ from typing import Any
 from trainfit.config import load_toml, make_config
 from trainfit.errors import TrainfitError
 from trainfit.presets import MODEL_HELP
-from trainfit.vocabulary import (
-    CHECKPOINT_SPECS,
-    PRECISIONS,
-    STRATEGIES,
-    GradSync,
-    Optimizer,
-    Packing,
-    Schedule,
-    choices,
-)
+from trainfit.vocabulary import CHECKPOINT_SPECS, PRECISIONS, STRATEGIES, GradSync, Optimizer, choices
 
 EXIT_USAGE = 2
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile")
@@ -62,21 +53,6 @@ RUN_FLAGS = {
     "checkpoint_every": "save a checkpoint every N optimizer steps",
     "loader_workers": "DataLoader worker processes",
     "memory_cap": "CPU stand-in for device memory, e.g. 2GiB",
-    "data": "training data: text file or directory, .jsonl, .parquet, .csv, or a .tokens file from trainfit prepare",
-    "text_field": "the field holding the text in .jsonl/.parquet/.csv rows (default text)",
-    "tokenizer": "byte-level when empty (no download), or a directory with a Hugging Face tokenizer.json",
-    "packing": f"{choices(Packing)}: join documents into full rows (on, default) or one padded document per row",
-    "val_fraction": "share of the documents held out for validation",
-    "val_data": "validation data file (same formats as --data)",
-    "eval_every": "validation loss and perplexity every N optimizer steps (0: off)",
-    "schedule": f"{choices(Schedule)} learning rate after warm-up (default constant)",
-    "warmup_steps": "linear learning-rate warm-up steps",
-    "min_lr": "the learning rate linear and cosine schedules end at",
-    "log": "tensorboard: also write TensorBoard event files to RUN_DIR/tensorboard",
-    "init_from": "start from the weights of a trainfit run directory",
-    "save_every": "also export the model to RUN_DIR/model every N steps (always at the end)",
-    "lora": "LoRA adapters through peft, e.g. r=8,alpha=16,targets=q_proj,v_proj",
-    "checkpoint_minutes": "also checkpoint when this many minutes have passed (default 15; 0: off)",
 }
 
 

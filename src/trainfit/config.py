@@ -20,16 +20,13 @@ from trainfit.vocabulary import (
     CheckpointPolicy,
     GradSync,
     Optimizer,
-    Packing,
     PrecisionName,
-    Schedule,
     StrategyName,
     check_compatible,
     parse_checkpoint_policy,
 )
 
-_ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer,
-          "schedule": Schedule, "packing": Packing}
+_ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer}
 """Fields holding a typed name: validated against the vocabulary, then stored as the enum member."""
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,9 +79,8 @@ class RunConfig:
     run_dir: str = "runs/default"
     """Where metrics.jsonl and checkpoints go."""
     checkpoint_every: int = 50
-    """Save a checkpoint every N optimizer steps (0: by steps only at the end); see also checkpoint_minutes."""
-    checkpoint_minutes: float = 15.0
-    """Also save a checkpoint when this many minutes have passed since the last one (0: off)."""
+    """Save a checkpoint every N optimizer steps (0: only at the end); on by default so a killed run loses at
+    most 50 steps."""
     keep_checkpoints: int = 3
     """How many most recent checkpoints to keep."""
     max_consecutive_skips: int = 20
@@ -93,37 +89,6 @@ class RunConfig:
     """Stop if the dynamic loss scale falls below this floor."""
     memory_cap: int = 0
     """Bytes; when > 0 the memory tracker raises out-of-memory above it (CPU stand-in for a device limit)."""
-    data: str = ""
-    """Training data: a text file or a directory of text files, JSON Lines (.jsonl), Parquet (.parquet), CSV
-    (.csv) or a token file made by ``trainfit prepare`` (.tokens); empty: the model's generated data."""
-    text_field: str = "text"
-    """The field holding the text in JSON Lines, Parquet and CSV rows."""
-    tokenizer: str = ""
-    """Empty: byte-level (256 byte ids + end-of-document, no download); or a directory with a Hugging Face
-    ``tokenizer.json``."""
-    packing: Packing = Packing.ON
-    """on: documents joined with an end-of-document token and cut into full rows (pretraining); off: one
-    document per row, padded (fine-tuning)."""
-    val_fraction: float = 0.0
-    """Share of the documents held out for validation (taken from --data; 0 with no --val-data: no validation)."""
-    val_data: str = ""
-    """Validation data file (same formats as data); overrides val_fraction."""
-    eval_every: int = 0
-    """Evaluate the token-weighted validation loss every N optimizer steps (0: off)."""
-    schedule: Schedule = Schedule.CONSTANT
-    """Learning rate after warm-up: constant, linear (to min_lr at the last step) or cosine (to min_lr)."""
-    warmup_steps: int = 0
-    """Linear warm-up from 0 to lr over this many optimizer steps."""
-    min_lr: float = 0.0
-    """The learning rate the linear and cosine schedules end at."""
-    log: str = ""
-    """Extra loggers beside metrics.jsonl: "" or "tensorboard" (event files in RUN_DIR/tensorboard)."""
-    init_from: str = ""
-    """Start from the weights of a trainfit run directory (its newest checkpoint); optimizer state starts fresh."""
-    save_every: int = 0
-    """Also export the model to RUN_DIR/model every N optimizer steps (it is always exported at the end)."""
-    lora: str = ""
-    """LoRA adapters through peft, e.g. "r=8,alpha=16,targets=q_proj,v_proj" (empty: train every weight)."""
 
     def __post_init__(self) -> None:
         for key, enum in _ENUMS.items():  # a typed name: check, then store the member
@@ -149,22 +114,6 @@ class RunConfig:
         check_int("max_consecutive_skips", self.max_consecutive_skips, minimum=1)
         check_number("min_loss_scale", self.min_loss_scale, minimum=0.0)
         check_int("memory_cap", self.memory_cap, minimum=0)
-        check_number("checkpoint_minutes", self.checkpoint_minutes, minimum=0.0, inclusive=True)
-        check_number("val_fraction", self.val_fraction, minimum=0.0, inclusive=True)
-        if self.val_fraction >= 1.0:
-            raise ConfigError("val_fraction", self.val_fraction, "a number in [0, 1)")
-        check_int("eval_every", self.eval_every, minimum=0)
-        check_int("warmup_steps", self.warmup_steps, minimum=0)
-        check_number("min_lr", self.min_lr, minimum=0.0, inclusive=True)
-        if self.min_lr > self.lr:
-            raise ConfigError("min_lr", self.min_lr, f"a number <= lr={self.lr}")
-        check_choice("log", self.log, ("", "tensorboard"))
-        check_int("save_every", self.save_every, minimum=0)
-        for key in ("data", "text_field", "tokenizer", "val_data", "init_from", "lora"):
-            if not isinstance(getattr(self, key), str):
-                raise ConfigError(key, getattr(self, key), "a string")
-        if not self.text_field:
-            raise ConfigError("text_field", self.text_field, "a non-empty field name")
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model", self.model, "a built-in name, hf:Class or module:callable")
         if not isinstance(self.model_config, str):

@@ -52,21 +52,6 @@ class GradSync(StrEnum):
     """Reduce-scatter after every micro-batch (zero2/zero3: less memory, more traffic)."""
 
 
-class Schedule(StrEnum):
-    """Learning-rate schedule after the linear warm-up."""
-
-    CONSTANT = "constant"
-    LINEAR = "linear"
-    COSINE = "cosine"
-
-
-class Packing(StrEnum):
-    ON = "on"
-    """Documents concatenated with an end-of-document token and cut into full rows (pretraining)."""
-    OFF = "off"
-    """One document per row, padded (fine-tuning); longer documents are cut at seq_len."""
-
-
 class Optimizer(StrEnum):
     ADAMW = "adamw"
     ADAM = "adam"
