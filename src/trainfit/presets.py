@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.errors import ConfigError
+from trainfit.errors import ConfigError, check_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,9 +32,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_seq_len", "n_layer", "n_head", "d_model", "mlp_ratio"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model_config.{name}", v, "an integer >= 1")
+            check_int(f"model_config.{name}", getattr(self, name), minimum=1)
         if self.d_model % self.n_head:
             raise ConfigError("model_config.n_head", self.n_head, f"a divisor of d_model={self.d_model}")
         if not 0.0 <= self.dropout < 1.0:

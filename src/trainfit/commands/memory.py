@@ -20,6 +20,7 @@ from trainfit.report.plots import plot_memory
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
 from trainfit.units import fmt_bytes, parse_bytes
+from trainfit.vocabulary import PART_LABELS
 
 JSON_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes",
              "peak_bytes", "peak_phase", "activations_per_sample_bytes")
@@ -93,9 +94,7 @@ def format_table(report, scaling, budget, max_mb) -> str:
              f"x seq {r.seq_len}, accumulation {r.accumulation}, {r.n_params:,} params "
              f"({r.method} in {r.wall_s:.1f} s)",
              f"{'part':<17}{'largest in step':>17}{'at the peak':>15}"]
-    names = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
-             "activations": "activations", "temporaries": "temporaries"}
-    for part, label in names.items():
+    for part, label in PART_LABELS.items():
         lines.append(f"{label:<17}{fmt_bytes(r.parts[part]):>17}{fmt_bytes(r.peak_parts.get(part, 0)):>15}")
     lines.append(f"{'peak':<17}{fmt_bytes(r.peak_bytes):>17}{'in ' + r.peak_phase:>15}")
     if r.master_weights_bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfit.errors import ConfigError
+from trainfit.errors import ConfigError, check_int
 from trainfit.presets import GPT_PRESETS, resolve_model
 
 
@@ -31,9 +31,7 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model_config.{name}", v, "an integer >= 1")
+            check_int(f"model_config.{name}", getattr(self, name), minimum=1)
 
     @property
     def kv_dim(self) -> int:
