@@ -175,10 +175,13 @@ def load_latest(run_dir: str | Path) -> tuple[Path, dict] | None:
     errors = []
     for path in reversed(candidates):
         try:
-            return path, read_checkpoint(path)
+            found = path, read_checkpoint(path)
         except CheckpointError as e:
             errors.append(str(e))
-            warnings.warn(f"{e}; falling back to the previous checkpoint", stacklevel=2)
+            continue
+        for err in errors:  # said only when an older checkpoint is used instead (else the error says it all)
+            warnings.warn(f"{err}; resuming from {path.name} instead", stacklevel=2)
+        return found
     if errors:
         raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
     return None

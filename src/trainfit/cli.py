@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from typing import Any
 
 from trainfit.config import load_toml, make_config
-from trainfit.errors import TrainfitError
+from trainfit.errors import ConfigError, TrainfitError
 from trainfit.presets import MODEL_HELP
 from trainfit.vocabulary import CHECKPOINT_SPECS, PRECISIONS, STRATEGIES, GradSync, Optimizer, choices
 
@@ -75,7 +76,27 @@ def config_from_args(args: argparse.Namespace, **overrides: Any):
         if v is not None:
             values[key] = v
     values.update(overrides)
-    return make_config(values)
+    cfg = make_config(values)
+    _refuse_overridden(cfg, given={k for k in RUN_FLAGS if getattr(args, k, None) is not None})
+    return cfg
+
+
+def _refuse_overridden(cfg, *, given: set[str]) -> None:
+    """An explicit ``--accumulation`` that ``--global-batch`` or ``--micro-batch auto`` would change is refused,
+    not silently replaced."""
+    if "accumulation" not in given:
+        return
+    if cfg.micro_batch == "auto":
+        raise ConfigError("accumulation", cfg.accumulation, "no --accumulation with --micro-batch auto",
+                          "auto-fit chooses the split of --global-batch itself")
+    if cfg.global_batch:
+        world = int(os.environ.get("WORLD_SIZE") or cfg.devices)
+        if cfg.micro_batch * cfg.accumulation * world != cfg.global_batch:
+            derived = cfg.global_batch / (cfg.micro_batch * world)
+            raise ConfigError(
+                "accumulation", cfg.accumulation,
+                f"global_batch / (micro_batch x ranks) = {cfg.global_batch} / ({cfg.micro_batch} x {world}) = "
+                f"{derived:g}", "give --global-batch or --accumulation, not two that disagree")
 
 
 USAGE = """\
@@ -104,17 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"trainfit: warning: {str(message).splitlines()[0] if str(message) else category.__name__}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.simplefilter("default")
+    warnings.formatwarning = _one_line_warning  # a warning is one line on stderr, not its source line too
     try:
         return int(args.func(args) or 0)
     except TrainfitError as e:
         return fail(str(e))
     except OSError as e:  # the environment, not a bug: a full disk, no permission, a missing directory
         where = f": {e.filename}" if e.filename else ""
-        return fail(f"{e.strerror or e}{where}; checkpoints already on disk are intact (they are written atomically)")
+        kept = "; checkpoints already on disk are intact (they are written atomically)" if args.command == "train" else ""
+        return fail(f"{args.command}: {e.strerror or e}{where}{kept}")
     except KeyboardInterrupt:
         return fail("interrupted")
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
 import tomllib
 
 from trainfit.errors import ConfigError, check_choice, check_int, check_number
+from trainfit.outputs import check_path_text
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
     CheckpointPolicy,
@@ -25,6 +27,9 @@ from trainfit.vocabulary import (
     check_compatible,
     parse_checkpoint_policy,
 )
+
+MAX_SEED = 2**32 - 1
+"""Largest seed: torch accepts 64 bits, but numpy's legacy generators and offsets added per rank need 32."""
 
 _ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer}
 """Fields holding a typed name: validated against the vocabulary, then stored as the enum member."""
@@ -107,6 +112,9 @@ class RunConfig:
         check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=True)
         check_int("steps", self.steps, minimum=1)
         check_int("seed", self.seed, minimum=0)
+        if self.seed > MAX_SEED:
+            raise ConfigError("seed", self.seed, f"an integer in [0, {MAX_SEED}]",
+                              "seeds feed torch and numpy generators, whose seeds are 32-bit here")
         check_int("dataset_size", self.dataset_size, minimum=1)
         check_int("loader_workers", self.loader_workers, minimum=0)
         check_int("checkpoint_every", self.checkpoint_every, minimum=0)
@@ -120,6 +128,7 @@ class RunConfig:
             raise ConfigError("model_config", self.model_config, "a string: key=value,... or a JSON config path")
         if not isinstance(self.run_dir, str) or not self.run_dir.strip():
             raise ConfigError("run_dir", self.run_dir, "a non-empty directory path")
+        check_path_text("run_dir", self.run_dir)  # control characters / non-UTF-8 bytes cannot round-trip
         if not isinstance(self.checkpointing, CheckpointPolicy):
             raise ConfigError("checkpointing", self.checkpointing, "none, full, every:K, class:Name")
 
@@ -188,16 +197,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 
 def dump_toml(cfg: RunConfig, *, only_changed: bool = False) -> str:
-    """Write a config as TOML that ``trainfit train CONFIG`` reads back unchanged."""
+    """Write a config as TOML that ``trainfit train CONFIG`` reads back unchanged (tomli-w escapes every string)."""
     default = RunConfig().to_dict()
-    lines = []
-    for k, v in cfg.to_dict().items():
-        if only_changed and default[k] == v:
-            continue
-        if isinstance(v, str):
-            lines.append(f'{k} = "{v}"')
-        elif isinstance(v, bool):
-            lines.append(f"{k} = {'true' if v else 'false'}")
-        else:
-            lines.append(f"{k} = {v!r}")
-    return "\n".join(lines) + "\n"
+    values = {k: v for k, v in cfg.to_dict().items() if not (only_changed and default[k] == v)}
+    return tomli_w.dumps(values)

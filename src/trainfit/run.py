@@ -94,7 +94,14 @@ class Run:
 
     def restore(self, state: dict, path: Path) -> int:
         """Load a one-file checkpoint's ``state``; returns the next step to run."""
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing or not isinstance(state.get("data"), dict) or "next_step" not in state["data"]:
+            raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing) or 'data.next_step'} (a trainfit "
+                                  f"checkpoint holds {', '.join(STATE_KEYS)}); resume from another checkpoint or "
+                                  "start a new --run-dir")
         saved = state.get("config") or self.cfg.to_dict()  # a one-file checkpoint is written by one process
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"checkpoint {path}: its config is not a table of settings")
         check_resumable(saved, 1, self.cfg.to_dict(), self.strategy.world_size, path)
         try:
             self.model.load_state_dict(state["model"])
@@ -103,8 +110,16 @@ class Run:
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: "
                                   f"{str(e).splitlines()[0]}") from None
-        restore_rng(state["rng"], self.strategy.device)
-        return int(state["data"]["next_step"])
+        try:
+            restore_rng(state["rng"], self.strategy.device)
+            return int(state["data"]["next_step"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path}: its random-number state or step is unreadable "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
+"""What a one-file checkpoint must hold (:meth:`Run.state` writes them); ``config`` is read when present."""
 
 
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from trainfit.engine import StepResult
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.levers.autofit import Fitter, resolve_auto
 from trainfit.meters.timers import PhaseTimer
+from trainfit.outputs import check_run_dir, claim_run_dir
 from trainfit.run import Run, build_run
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import has_checkpoints
@@ -53,23 +55,43 @@ def _progress(total: int, initial: int, enabled: bool):
 
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy: Strategy | None = None) -> Summary:
     strategy = strategy or make_strategy(cfg)
+    run_dir = Path(cfg.run_dir)
+    if strategy.rank == 0 and not (resume and has_checkpoints(run_dir)):  # (a run from before the marker resumes)
+        check_run_dir(run_dir)  # before any work: never into a directory of the user's own files
     auto = cfg.micro_batch == "auto"
     cfg = resolve_auto(cfg, strategy.world_size)  # "auto" -> the starting split; auto-fit shrinks it
     cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> accumulation per rank
     run = build_run(cfg, strategy=strategy)
     st = run.strategy
-    run_dir = Path(cfg.run_dir)
     start = 0
     if resume:
         start = run.load(run_dir)  # the newest checkpoint, one-file or sharded (these load into any strategy)
         if start is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume first")
+        if start >= cfg.steps:
+            raise ConfigError("steps", cfg.steps, f"an integer > {start}, the step the checkpoint reached",
+                              f"{run_dir} is already at step {start}; pass --steps N with N > {start} to train on")
     elif has_checkpoints(run_dir):
         raise ConfigError("run_dir", str(run_dir), "a directory without checkpoints",
                           "pass --resume to continue it, or choose a new --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    created = not run_dir.exists()
+    try:
+        return _loop(cfg, run, run_dir, start=start, auto=auto, progress=progress)
+    except BaseException:
+        # A run that failed before its first step leaves nothing behind in a directory it created.
+        log = run_dir / "metrics.jsonl"
+        if st.rank == 0 and created and not has_checkpoints(run_dir) and not (log.is_file() and log.stat().st_size):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> Summary:
+    st = run.strategy
     if st.rank == 0:
+        claim_run_dir(run_dir)
         (run_dir / "config.toml").write_text(dump_toml(cfg))
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
 
     fit = Fitter(run, start_step=start, auto=auto)  # owns the loader; re-cuts a step on out-of-memory
     if st.rank == 0:

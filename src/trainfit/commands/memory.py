@@ -8,11 +8,11 @@
 from __future__ import annotations
 
 import functools
-import json
 
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
-from trainfit.errors import ConfigError
+from trainfit.errors import ConfigError, check_int
+from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.probes.batchfit import fit_batch_scaling, second_batch
 from trainfit.probes.estimate import estimate_memory
 from trainfit.probes.memory import measure_memory
@@ -43,13 +43,19 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/memory.json and write RUN_DIR/report.html")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.set_defaults(func=run, method="measure")
 
 
 def run(args) -> int:
     overrides = {"micro_batch": args.batch} if args.batch is not None else {}
     cfg = config_from_args(args, **overrides)
-    budget = parse_bytes("budget", args.budget) if args.budget else None
+    check_int("devices", args.devices, minimum=1)
+    budget = parse_bytes("budget", args.budget) if args.budget is not None else None
+    if args.plot:  # every output path is checked before any work
+        check_output_file("plot", args.plot, force=args.force, suffix=".png")
+    if args.report:
+        check_run_dir(cfg.run_dir)
     world = launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: measure inside each rank
     if args.devices != 1 and args.method != "estimate":
         raise ConfigError("devices", args.devices, "1 when measuring", "add --estimate, or measure each rank by "
@@ -80,7 +86,7 @@ def run(args) -> int:
         if budget:
             out["budget_bytes"] = budget
             out["max_micro_batch"] = max_mb
-        print(json.dumps(out))
+        print(dumps_json(out))
     else:
         print(format_table(report, scaling, budget, max_mb))
         for r, parts in enumerate(per_rank or []):

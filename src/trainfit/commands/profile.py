@@ -6,16 +6,17 @@ rank joins the process group and profiles; rank 0 prints the report.
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 
 import torch
 
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
-from trainfit.errors import ConfigError
+from trainfit.errors import ConfigError, check_int
+from trainfit.outputs import check_output_dir, check_output_file, check_run_dir, dumps_json
 from trainfit.probes.profile import ProfileOptions, profile
-from trainfit.report.plots import check_plot_path, plot_profile
+from trainfit.report.plots import plot_profile
 from trainfit.results import ProfileReport
 from trainfit.run import build_run
 from trainfit.strategies import launch
@@ -44,6 +45,8 @@ def register(sub) -> None:
                    help="fraction of backward that hides communication in predictions (default 0)")
     p.add_argument("--no-batch-probe", action="store_true", help="skip profiling a 2x micro-batch")
     p.add_argument("--device", choices=("cpu", "cuda"), help="device for strategy=single (default: cpu)")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot file / write into a non-empty "
+                                                       "--trace directory")
     p.set_defaults(func=run)
 
 
@@ -56,8 +59,15 @@ def parse_bandwidth(text: str) -> float:
 
 def run(args) -> int:
     cfg = config_from_args(args)  # validates --steps (>= 1) with the other flags
-    if args.plot:  # fail before profiling, not after
-        check_plot_path(args.plot)
+    check_int("warmup", args.warmup, minimum=0)
+    if not (isinstance(args.overlap, float) and math.isfinite(args.overlap) and 0.0 <= args.overlap <= 1.0):
+        raise ConfigError("overlap", args.overlap, "a number in [0, 1]")
+    if args.plot:  # every output path is checked before profiling, not after
+        check_output_file("plot", args.plot, force=args.force, suffix=".png")
+    if args.trace:
+        check_output_dir("trace", args.trace, force=args.force)
+    if args.report:
+        check_run_dir(cfg.run_dir)
     # A config file's steps is a training length; only --steps sets the profiled steps.
     options = ProfileOptions(steps=cfg.steps if args.steps is not None else DEFAULT_STEPS, warmup=args.warmup,
                              batch_probe=not args.no_batch_probe, overlap=args.overlap, trace_dir=args.trace,
@@ -75,7 +85,7 @@ def run(args) -> int:
     if args.report:
         save_and_report(cfg.run_dir, "profile.json", out, report=True)
     if args.json:
-        print(json.dumps(out))
+        print(dumps_json(out))
     else:
         print(format_report(report), file=sys.stderr)
     return 0

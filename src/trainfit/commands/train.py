@@ -8,7 +8,8 @@ workers resume from the newest checkpoint by themselves.
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from trainfit.checkpoint import list_checkpoints
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import run_report
 from trainfit.config import dump_toml
-from trainfit.errors import ConfigError, TrainfitError
+from trainfit.errors import ConfigError, TrainfitError, check_int
+from trainfit.outputs import claim_run_dir, dumps_json
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
+from trainfit.strategies.compat import resolve_accumulation
 from trainfit.strategies.dist_checkpoint import has_checkpoints, list_dcp
 from trainfit.train import train
 from trainfit.vocabulary import DISTRIBUTED, strategy_facts
@@ -40,13 +43,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    cfg = config_from_args(args, **({"devices": args.devices} if args.devices else {}))
+    check_int("max_restarts", args.max_restarts, minimum=0)
+    cfg = config_from_args(args, **({"devices": args.devices} if args.devices is not None else {}))
     env = launch.torchrun_env()
     if env is None and cfg.devices > 1:
         if not strategy_facts(cfg.strategy).distributed:  # refuse before starting N processes that would each refuse
             raise ConfigError("strategy", cfg.strategy, DISTRIBUTED,
                               f"--devices {cfg.devices} launches {cfg.devices} processes")
-        return _launch(cfg, args, dump_toml(cfg))
+        if args.max_restarts and not args.resume and has_checkpoints(cfg.run_dir):
+            raise ConfigError("run_dir", cfg.run_dir, "a directory without checkpoints",
+                              "pass --resume to continue it, or choose a new --run-dir")
+        return _launch(cfg, args)
     resume = args.resume
     if env is not None:
         launch.init_from_torchrun(env, timeout_s=cfg.collective_timeout_s)
@@ -61,7 +68,7 @@ def run(args) -> int:
     if args.report:
         run_report(cfg.run_dir)
     if args.json:
-        print(json.dumps(summary))
+        print(dumps_json(summary))
     else:
         print(f"{summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
               f"{summary['skipped_steps']} skipped, {summary['items_per_s']:,.0f} {summary['unit']}/s, "
@@ -85,17 +92,27 @@ def _last_checkpoint(run_dir: str) -> str | None:
     return str(found[-1]) if found else None
 
 
-def _launch(cfg, args, toml: str) -> int:
+def _launch(cfg, args) -> int:
     """Re-run this command in ``cfg.devices`` workers; the resolved config travels as a TOML file."""
+    if cfg.global_batch and cfg.micro_batch != "auto":  # the workers read accumulation already derived
+        cfg = dataclasses.replace(cfg, accumulation=resolve_accumulation(
+            global_batch=cfg.global_batch, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation,
+            world_size=cfg.devices))
+    if not args.resume:
+        claim_run_dir(cfg.run_dir)  # refuses a directory of the user's own files before starting N processes
     run_dir = Path(cfg.run_dir)
+    created = not run_dir.exists() or not any(p.name not in (".trainfit-run",) for p in run_dir.iterdir())
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "launch.toml").write_text(toml)
+    (run_dir / "launch.toml").write_text(dump_toml(cfg))
     child = ["train", str(run_dir / "launch.toml"), *(["--resume"] if args.resume else []),
              *(["--json"] if args.json else [])]
     try:
         launch.launch(cfg.devices, child, max_restarts=args.max_restarts)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        log = run_dir / "metrics.jsonl"
+        if created and not has_checkpoints(run_dir) and not (log.is_file() and log.stat().st_size):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a launch refused by its workers leaves nothing behind
         raise TrainfitError(f"train --devices {cfg.devices}: worker rank {rank} failed with exit code "
                             f"{failure.exitcode} (its error is printed above); checkpoints in {run_dir / 'checkpoints'}"
                             ) from None

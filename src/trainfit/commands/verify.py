@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import torch.distributed as dist
 
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
+from trainfit.outputs import check_run_dir, dumps_json
 from trainfit.probes.verify import verify
 from trainfit.results import VerifyReport
 
@@ -42,11 +41,13 @@ def format_report(r: VerifyReport) -> str:
 
 def run(args) -> int:
     cfg = config_from_args(args)
+    if args.report:
+        check_run_dir(cfg.run_dir)
     report = verify(cfg)
     d = report.to_dict()
     # Under torchrun every rank computes the same report; print it once.
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(json.dumps(d) if args.json else format_report(report))
+        print(dumps_json(d) if args.json else format_report(report))
         if args.report:
             save_and_report(cfg.run_dir, "verify.json", d, report=True)
     return 0 if report.passed else EXIT_FAILED
