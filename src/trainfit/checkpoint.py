@@ -180,7 +180,7 @@ def load_latest(run_dir: str | Path) -> tuple[Path, dict] | None:
             errors.append(str(e))
             continue
         for err in errors:  # said only when an older checkpoint is used instead (else the error says it all)
-            warnings.warn(f"{err}; resuming from {path.name} instead", stacklevel=2)
+            warnings.warn(f"{err}; falling back to the previous checkpoint ({path.name})", stacklevel=2)
         return found
     if errors:
         raise CheckpointError("no usable checkpoint: " + "; ".join(errors))

@@ -47,7 +47,7 @@ def test_json_keys_plot_and_trace(tmp_path, capsys, one_thread):
 
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "0"], "steps=0"),
-    (["--micro-batch", "auto"], "micro_batch='auto'"),
+    (["--micro-batch", "auto"], "auto"),  # with TINY's --accumulation: refused as contradictory first
     (["--strategy", "ddp"], "process group"),
     (["--bandwidth", "fast"], "--bandwidth='fast'"),
     (["--plot", "out.jpg", "--steps", "1"], "--plot='out.jpg'"),

@@ -17,6 +17,8 @@ import subprocess
 import sys
 
 import pytest
+
+from trainfit.outputs import MARKER
 import torch
 
 from trainfit import checkpoint as ck
@@ -212,6 +214,7 @@ def test_leftovers_of_a_killed_writer_do_not_block_or_leak(tmp_path):
     process: a fresh run starts (the lone .pt is not a checkpoint) and cleans both up."""
     d = ck.checkpoint_dir(tmp_path)
     d.mkdir(parents=True)
+    (tmp_path / MARKER).write_text("")  # the killed run had claimed the directory
     (d / "step-00000001.pt").write_bytes(b"cut short")
     (d / ".step-00000002.pt.tmp-999999").write_bytes(b"x" * 1000)
     train(tiny_config(steps=2, checkpoint_every=1, run_dir=str(tmp_path)), progress=False)

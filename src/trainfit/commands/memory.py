@@ -53,7 +53,7 @@ def run(args) -> int:
     check_int("devices", args.devices, minimum=1)
     budget = parse_bytes("budget", args.budget) if args.budget is not None else None
     if args.plot:  # every output path is checked before any work
-        check_output_file("plot", args.plot, force=args.force, suffix=".png")
+        check_output_file("--plot", args.plot, force=args.force, suffix=".png")
     if args.report:
         check_run_dir(cfg.run_dir)
     world = launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: measure inside each rank

@@ -63,9 +63,9 @@ def run(args) -> int:
     if not (isinstance(args.overlap, float) and math.isfinite(args.overlap) and 0.0 <= args.overlap <= 1.0):
         raise ConfigError("overlap", args.overlap, "a number in [0, 1]")
     if args.plot:  # every output path is checked before profiling, not after
-        check_output_file("plot", args.plot, force=args.force, suffix=".png")
+        check_output_file("--plot", args.plot, force=args.force, suffix=".png")
     if args.trace:
-        check_output_dir("trace", args.trace, force=args.force)
+        check_output_dir("--trace", args.trace, force=args.force)
     if args.report:
         check_run_dir(cfg.run_dir)
     # A config file's steps is a training length; only --steps sets the profiled steps.
