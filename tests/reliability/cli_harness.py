@@ -74,11 +74,14 @@ def owned_by_trainfit(rel: str, root: Path) -> bool:
         p = p.parent
 
 
-def check_promise(r: Result, root: Path, before: dict[str, str]) -> None:
-    """Assert the promise for a command run with files ``before`` under ``root``."""
+def check_promise(r: Result, root: Path, before: dict[str, str], *, json_mode: bool = False) -> None:
+    """Assert the promise for a command run with files ``before`` under ``root`` (``json_mode``: with --json,
+    stdout is empty or exactly one strict JSON object)."""
     assert "Traceback" not in r.err, r.err
     assert r.rc in (0, 2), (r.rc, r.err[-2000:])
-    if r.out.strip():
+    if r.rc == 2:
+        assert not r.out.strip(), f"stdout of a refused command: {r.out[:200]}"
+    if json_mode and r.out.strip():
         obj = json.loads(r.out, parse_constant=_strict)  # exactly one JSON document (raises on trailing text)
         assert isinstance(obj, dict), r.out[:200]
     after = snapshot(root)

@@ -28,7 +28,7 @@ TINY_TOML = 'model_config = "n_layer=1,d_model=32,n_head=2"\nseq_len = 16\nmicro
 def _run(tmp_path, args):
     before = snapshot(tmp_path)
     r = cli(args, cwd=tmp_path)
-    check_promise(r, tmp_path, before)
+    check_promise(r, tmp_path, before, json_mode="--json" in args)
     return r
 
 
