@@ -12,10 +12,12 @@ import importlib
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 from trainfit.config import load_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
 from trainfit.vocabulary import CHECKPOINT_SPECS, PRECISIONS, STRATEGIES, GradSync, Optimizer, choices
 
@@ -68,9 +70,16 @@ def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True)
         p.add_argument(*flags, dest=key, help=help_text)
 
 
-def config_from_args(args: argparse.Namespace, **overrides: Any):
-    """TOML file (if any) < flags < explicit overrides -> a validated RunConfig."""
+def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **overrides: Any):
+    """TOML file (if any) < flags < explicit overrides -> a validated RunConfig.
+
+    Without a TOML file, ``--run-dir`` of an existing run (trainfit's ``config.toml`` there) supplies the
+    configuration, so ``memory``/``profile``/``verify`` pointed at a run measure that run; flags still
+    override it, and stderr says which was used.
+    """
     values: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
+    if from_run_dir and not values and getattr(args, "run_dir", None):
+        values = _run_dir_config(args)
     for key in RUN_FLAGS:
         v = getattr(args, key, None)
         if v is not None:
@@ -79,6 +88,19 @@ def config_from_args(args: argparse.Namespace, **overrides: Any):
     cfg = make_config(values)
     _refuse_overridden(cfg, given={k for k in RUN_FLAGS if getattr(args, k, None) is not None})
     return cfg
+
+
+def _run_dir_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration of the run in ``--run-dir`` (empty when it holds none), said on stderr."""
+    path = Path(args.run_dir) / "config.toml"
+    if not (path.is_file() and owns(args.run_dir)):
+        return {}
+    values = load_toml(path)
+    flagged = [k for k in RUN_FLAGS if getattr(args, k, None) is not None and k != "run_dir"
+               and str(getattr(args, k)) != str(values.get(k))]
+    extra = ("; flags override " + ", ".join(f"{k}={getattr(args, k)}" for k in flagged)) if flagged else ""
+    print(f"trainfit: using the configuration of {path}{extra}", file=sys.stderr)
+    return values
 
 
 def _refuse_overridden(cfg, *, given: set[str]) -> None:

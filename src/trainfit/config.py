@@ -8,6 +8,7 @@ Derive variants with ``dataclasses.replace``; never mutate.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,9 @@ from trainfit.vocabulary import (
     check_compatible,
     parse_checkpoint_policy,
 )
+
+MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
+"""Most DataLoader workers a run may start on this machine (each is a process; 99999 would exhaust it)."""
 
 MAX_SEED = 2**32 - 1
 """Largest seed: torch accepts 64 bits, but numpy's legacy generators and offsets added per rank need 32."""
@@ -117,6 +121,9 @@ class RunConfig:
                               "seeds feed torch and numpy generators, whose seeds are 32-bit here")
         check_int("dataset_size", self.dataset_size, minimum=1)
         check_int("loader_workers", self.loader_workers, minimum=0)
+        if self.loader_workers > MAX_WORKERS:
+            raise ConfigError("loader_workers", self.loader_workers, f"an integer in [0, {MAX_WORKERS}]",
+                              f"this machine has {os.cpu_count()} CPUs; each worker is a process")
         check_int("checkpoint_every", self.checkpoint_every, minimum=0)
         check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
         check_int("max_consecutive_skips", self.max_consecutive_skips, minimum=1)

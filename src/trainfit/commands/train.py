@@ -44,7 +44,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     check_int("max_restarts", args.max_restarts, minimum=0)
-    cfg = config_from_args(args, **({"devices": args.devices} if args.devices is not None else {}))
+    cfg = config_from_args(args, from_run_dir=args.resume,  # a resumed run keeps its own configuration
+                           **({"devices": args.devices} if args.devices is not None else {}))
     env = launch.torchrun_env()
     if env is None and cfg.devices > 1:
         if not strategy_facts(cfg.strategy).distributed:  # refuse before starting N processes that would each refuse
