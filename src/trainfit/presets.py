@@ -35,8 +35,32 @@ class GPTConfig:
             check_int(f"model_config.{name}", getattr(self, name), minimum=1)
         if self.d_model % self.n_head:
             raise ConfigError("model_config.n_head", self.n_head, f"a divisor of d_model={self.d_model}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("model_config.dropout", self.dropout, "a number in [0, 1)")
+        d = self.dropout  # a string or a bool is refused before any comparison (no TypeError, no True == 1)
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 <= d < 1.0:
+            raise ConfigError("model_config.dropout", d, "a number in [0, 1)")
+
+
+CNN_MAX_CLASSES = 100_000
+"""The most classes the built-in CNN's generated images take: they keep one 3x16x16 float template per
+class (100,000 classes: 300 MiB), made before the first step."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CNNConfig:
+    """The built-in CNN's ``--model-config`` keys."""
+
+    channels: int = 32
+    """Channels of the first conv block (the second has twice as many)."""
+    n_classes: int = 10
+    """Classes of the generated images (and outputs of the head)."""
+
+    def __post_init__(self) -> None:
+        check_int("model_config.channels", self.channels, minimum=1)
+        # One class would make the cross-entropy identically 0: no gradient, nothing to learn.
+        check_int("model_config.n_classes", self.n_classes, minimum=2)
+        if self.n_classes > CNN_MAX_CLASSES:
+            raise ConfigError("model_config.n_classes", self.n_classes, f"an integer in [2, {CNN_MAX_CLASSES}]",
+                              "the generated images keep one template per class")
 
 
 GPT_PRESETS = {

@@ -8,7 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from trainfit.errors import ConfigError
-from trainfit.presets import GPT_PRESETS, GPTConfig
+from trainfit.presets import GPT_PRESETS, CNNConfig, GPTConfig
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.cnn import SmallCNN
 from trainfit.tasks.gpt import GPT
@@ -42,6 +42,15 @@ def parse_overrides(text: str) -> dict[str, object]:
     return out
 
 
+def _known_keys(ov: dict[str, object], config_class) -> dict[str, object]:
+    """``ov`` when every key is a field of ``config_class``; else the error listing the fields."""
+    fields = sorted(f.name for f in dataclasses.fields(config_class))
+    for k in ov:
+        if k not in fields:
+            raise ConfigError("model_config", k, fields, f"not a field of {config_class.__name__}")
+    return ov
+
+
 def gpt_loss(model, batch):
     logits = model(batch["input_ids"])  # (B, T, V)
     labels = batch["labels"]
@@ -62,12 +71,10 @@ def full_length_tokens(n: int, seq_len: int, vocab_size: int, seed: int) -> dict
 
 def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides: str = "") -> GenericTask:
     base = GPT_PRESETS[name]
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    ov = parse_overrides(overrides)
-    for k in ov:
-        if k not in fields:
-            raise ConfigError("model_config", k, sorted(fields))
-    cfg = dataclasses.replace(base, **ov)
+    ov = _known_keys(parse_overrides(overrides), GPTConfig)
+    if "vocab_size" in ov:  # the generated rules' minimum, not GPTConfig's (>= 1), is the one to name
+        check_token_rules(ov["vocab_size"], seq_len)
+    cfg = dataclasses.replace(base, **ov)  # GPTConfig checks every value's type and range
     if seq_len > cfg.max_seq_len:
         cfg = dataclasses.replace(cfg, max_seq_len=seq_len)
     check_token_rules(cfg.vocab_size, seq_len)
@@ -98,25 +105,21 @@ def cnn_loss(model, batch):
 
 
 def cnn_task(*, seed: int, dataset_size: int, overrides: str = "") -> GenericTask:
-    ov = parse_overrides(overrides)
-    allowed = {"channels", "n_classes"}
-    for k in ov:
-        if k not in allowed:
-            raise ConfigError("model_config", k, sorted(allowed))
+    cfg = CNNConfig(**_known_keys(parse_overrides(overrides), CNNConfig))  # checks types and ranges
 
     def build():
         torch.manual_seed(seed)
-        return SmallCNN(**ov)
+        return SmallCNN(channels=cfg.channels, n_classes=cfg.n_classes)
 
     return GenericTask(
         name="cnn",
         unit="samples",
         build_model=build,
-        dataset=lambda: TemplateImages(size=dataset_size, seed=seed, n_classes=int(ov.get("n_classes", 10))),
+        dataset=lambda: TemplateImages(size=dataset_size, seed=seed, n_classes=cfg.n_classes),
         collate=collate_images,
         count=lambda b: int(b["labels"].numel()),
         loss=cnn_loss,
         block_classes=("ConvBlock",),
-        example_batch=lambda n: collate_images([TemplateImages(size=n, seed=seed, n_classes=int(ov.get("n_classes", 10)))[i]
+        example_batch=lambda n: collate_images([TemplateImages(size=n, seed=seed, n_classes=cfg.n_classes)[i]
                                                 for i in range(n)]),
     )

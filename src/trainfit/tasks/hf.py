@@ -21,6 +21,7 @@ logits, not the model's internal mean loss, so accumulation normalises exactly.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from trainfit.errors import ConfigError, ModelError
+from trainfit.errors import ConfigError, ModelError, TrainfitError, check_int
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
 from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, check_token_rules, collate_tokens
@@ -65,8 +66,96 @@ def _kind(arch: str, config) -> str:
     raise ConfigError("model", f"hf:{arch}", "a transformers class whose name ends with one of: " + ", ".join(HEADS))
 
 
-def parse_hf_config(config_class, text: str):
-    """``path/to/config.json``, ``key=value,...`` or both (path first) -> a config instance."""
+_DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "num_encoder_layers",
+               "encoder_layers", "decoder_layers")
+# Keys that size the model (widths, heads, labels, positions): an integer >= 1 (None where the default is None).
+_SIZE_KEY = re.compile(r"(^|_)(size|dim|heads?|labels|channels|embd|embeddings|positions|inner|ctx|ff|kv)$|^d_model$")
+_MISSING = object()
+
+
+def _one_line(e: BaseException, limit: int = 240) -> str:
+    """An exception as one short line: transformers' strict-dataclass errors span two lines."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        lines = lines[1:]  # "Validation error for field 'x':" / "    TypeError: ..." -> the second
+    text = " ".join(lines) or type(e).__name__
+    if not text.startswith(type(e).__name__) and ":" not in text.split(" ", 1)[0]:
+        text = f"{type(e).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int_default(d: object) -> bool:
+    return d is None or (isinstance(d, int) and not isinstance(d, bool))
+
+
+def _check_values(config_class, default, values: dict[str, Any], minimums: dict[str, int]) -> None:
+    """Refuse, naming the key, a value of the wrong type or range before transformers sees it (it would
+    raise at model construction, a step later, or never: a float layer count, a negative width)."""
+    for key, v in values.items():
+        d = getattr(default, key, _MISSING)
+        field = f"model_config.{key}"
+        if v is None:  # JSON null: transformers' own default or its own error
+            continue
+        if (key in minimums or key in _DEPTH_KEYS or _SIZE_KEY.search(key)) and _int_default(d):
+            if d is not None and d < 0:  # a sentinel default (-1: "off"): its meaning is the model's
+                continue
+            minimum = minimums.get(key, 1 if d is None or d >= 1 else 0)
+            for item in v if isinstance(v, (list, tuple)) and v else (v,):  # image_size=[32, 32]
+                check_int(field, item, minimum=minimum)
+        elif re.match(r"(num|n)_", key) and _int_default(d) and d is not None and d >= 0:
+            check_int(field, v, minimum=0)
+        elif _number(d) and isinstance(v, str):  # e.g. rms_norm_eps=abc
+            raise ConfigError(field, v, "a number", f"{config_class.__name__}.{key} defaults to {d!r}")
+        elif isinstance(d, bool) and not isinstance(v, bool):
+            raise ConfigError(field, v, "true or false")
+
+
+def _key_named(message: str, values: dict[str, Any], config_class) -> str | None:
+    """The user's key that transformers' ``message`` is about, if it names one (or its alias, or its value)."""
+    field = re.search(r"field '(\w+)'", message)
+    if field and field.group(1) in values:
+        return field.group(1)
+    words = re.sub(r"[^a-z0-9]+", "_", message.lower())
+    alias = {v: k for k, v in getattr(config_class, "attribute_map", {}).items()}  # n_embd -> hidden_size
+    synonyms = {"embed_dim": "hidden_size", "num_heads": "num_attention_heads"}
+    found = []
+    for key in values:
+        names = {key, alias.get(key, key)}
+        names |= {s for s, full in synonyms.items() if full in names}
+        hits = [m.start() for n in names for m in [re.search(rf"(^|_){re.escape(n)}(_|$)", words)] if m]
+        if hits:
+            found.append((min(hits), key))
+    if found:
+        return min(found)[1]  # the key the message names first
+    for key, v in values.items():  # hidden_act=nope -> KeyError: 'nope'
+        if isinstance(v, str) and len(v) > 1 and v in message:
+            return key
+    return None
+
+
+def _transformers_error(e: Exception, values: dict[str, Any], config_class, what: str) -> ConfigError:
+    message = _one_line(e)
+    key = _key_named(message, values, config_class)
+    if key is None:
+        text = ",".join(f"{k}={v}" for k, v in values.items())
+        return ConfigError("model_config", text if len(text) <= 120 else text[:117] + "...",
+                           f"a config {what} accepts", f"transformers: {message}")
+    return ConfigError(f"model_config.{key}", values[key], f"a value {what} accepts", f"transformers: {message}")
+
+
+def _is_resource_error(e: BaseException) -> bool:
+    """Errors that are about memory or trainfit itself, never about the config: passed through unchanged
+    (auto-fit re-cuts a step on out-of-memory)."""
+    return isinstance(e, (TrainfitError, MemoryError, torch.OutOfMemoryError))
+
+
+def read_hf_values(config_class, text: str) -> dict[str, Any]:
+    """``path/to/config.json``, ``key=value,...`` or both (path first) -> the keys the user set
+    (later ones win); an override that is no field of ``config_class`` is refused."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     values: dict[str, Any] = {}
     if parts and "=" not in parts[0]:
@@ -77,14 +166,36 @@ def parse_hf_config(config_class, text: str):
             values = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError("model_config", str(path), "a valid JSON config file", str(e)) from None
+        if not isinstance(values, dict):
+            raise ConfigError("model_config", str(path), 'a JSON file holding one object of config keys, e.g. '
+                              '{"hidden_size": 32}', f"it holds a JSON {type(values).__name__}")
     overrides = parse_overrides(",".join(parts))
     default = config_class()
     known = set(default.to_dict()) | set(getattr(config_class, "attribute_map", {}))
     for k in overrides:
         if k not in known and not hasattr(default, k):  # hasattr: properties such as num_labels
             raise ConfigError("model_config", k, sorted(known)[:40], f"not a field of {config_class.__name__}")
-    values.update(overrides)
-    return config_class(**values)
+    return {**values, **overrides}
+
+
+def parse_hf_config(config_class, text: str, *, minimums: dict[str, int] | None = None,
+                    values: dict[str, Any] | None = None):
+    """``path/to/config.json``, ``key=value,...`` or both (path first) -> a config instance.
+    ``values``: what :func:`read_hf_values` read from ``text``, when the caller has it already.
+
+    Raises:
+        ConfigError: naming ``model_config.<key>`` where a value has the wrong type or range, or
+            transformers refuses it (its message, shortened to one line, is kept).
+    """
+    if values is None:
+        values = read_hf_values(config_class, text)
+    _check_values(config_class, config_class(), values, minimums or {})
+    try:
+        return config_class(**values)
+    except Exception as e:  # ValueError, huggingface_hub's StrictDataclass*Error, TypeError, ...
+        if _is_resource_error(e):
+            raise
+        raise _transformers_error(e, values, config_class, config_class.__name__) from None
 
 
 class GeneratedSamples(Dataset):
@@ -128,25 +239,44 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
         raise ConfigError("model", f"hf:{arch}", "hf:<a transformers model class>, e.g. hf:LlamaForCausalLM, "
                           "hf:BertForMaskedLM, hf:T5ForConditionalGeneration, hf:ViTForImageClassification",
                           "check the class name's spelling and case")
-    config = parse_hf_config(cls.config_class, model_config)
+    classifies = arch.endswith(("ForSequenceClassification", "ForImageClassification"))
+    # The generated data's needs: token rules need 11 ids; a classification needs 2 classes (with one the
+    # cross-entropy is identically 0, nothing to learn).
+    minimums = {"num_labels": 2} if classifies else {"vocab_size": 11}
+    given = read_hf_values(cls.config_class, model_config)
+    config = parse_hf_config(cls.config_class, model_config, minimums=minimums, values=dict(given))
     kind = _kind(arch, config)
     if hasattr(config, "use_cache"):
         config.use_cache = False  # training: no KV cache
     if kind == "seqcls" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0  # decoders find each sequence's last token through the pad id
+    if classifies and not (isinstance(config.num_labels, int) and config.num_labels >= 2):  # e.g. from id2label
+        raise ConfigError("model_config.num_labels", config.num_labels, "an integer >= 2",
+                          "the generated samples are classified into num_labels classes")
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and kv >= 1 and heads % kv:  # fails only in the forward
+        fix = "grouped-query attention shares each key/value head among a whole group of heads"
+        if "num_key_value_heads" in given or "num_attention_heads" not in given:
+            raise ConfigError("model_config.num_key_value_heads", kv, f"a divisor of num_attention_heads={heads}", fix)
+        raise ConfigError("model_config.num_attention_heads", heads, f"a multiple of num_key_value_heads={kv}", fix)
     max_pos = getattr(config, "max_position_embeddings", None)
     if kind != "image" and isinstance(max_pos, int) and seq_len > max_pos:
         raise ConfigError("seq_len", seq_len, f"at most max_position_embeddings={max_pos} of {arch}",
                           f"add max_position_embeddings={seq_len} to --model-config")
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    if kind != "image" and vocab < 11:
+    vocab = getattr(config, "vocab_size", 0) or 0
+    if kind != "image" and not (isinstance(vocab, int) and vocab >= 11):
         raise ConfigError("model_config.vocab_size", vocab, "an integer >= 11")
     task = GenericTask(name=f"hf:{arch}", unit="tokens", build_model=lambda: None, dataset=lambda: None,
                        collate=_stack, count=lambda b: 0, loss=lambda m, b: (None, 0))
 
     def build() -> nn.Module:
         torch.manual_seed(seed)
-        model = cls(config)
+        try:
+            model = cls(config)
+        except Exception as e:  # a config transformers accepts but its model cannot be built from
+            if _is_resource_error(e):
+                raise
+            raise _transformers_error(e, given, cls.config_class, arch) from None
         model.train()
         task.block_classes = _block_classes(model)
         return model
@@ -156,7 +286,36 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     if not getattr(config, "is_encoder_decoder", False) and isinstance(getattr(config, "num_hidden_layers", None), int):
         task.depth_key, task.depth = "num_hidden_layers", config.num_hidden_layers
     _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab)
+    task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch)
     return task
+
+
+def _first_forward_checked(loss, given: dict[str, Any], config_class, arch: str):
+    """``loss`` that, until one call has succeeded, reports an error of the forward pass as the config's
+    (a shape transformers checks nowhere earlier) in one line. Later errors, out-of-memory, and counting
+    on the meta device (FLOP counting falls back to CPU on its errors) pass through unchanged."""
+    ok = False
+
+    def checked(m, b):
+        nonlocal ok
+        if ok:
+            return loss(m, b)
+        try:
+            out = loss(m, b)
+        except Exception as e:
+            if _is_resource_error(e) or _on_meta(m, b):
+                raise
+            raise _transformers_error(e, given, config_class, f"{arch}'s forward pass") from None
+        ok = True
+        return out
+
+    return checked
+
+
+def _on_meta(model: nn.Module, batch: Any) -> bool:
+    p = next(model.parameters(), None)
+    leaves = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    return any(t.device.type == "meta" for t in ([p] if p is not None else []) + leaves)
 
 
 @contextmanager

@@ -20,6 +20,12 @@ with whichever of these keyword arguments it accepts: ``model_config`` (the
    ``loss`` and ``block_names`` (see :class:`trainfit.tasks.base.Task`), e.g. a
    :class:`~trainfit.tasks.base.GenericTask`.
 
+Every part is checked where it is used, cheaply (a type, shape and ``requires_grad`` look per call): a
+model without trainable parameters, ``batch(n)`` returning None, a loss that is a per-item vector,
+has no gradient (a constant, or detached) or raises, is reported in one line naming the callable,
+the part of the protocol it broke and where the protocol is written (:data:`PROTOCOL_DOC`), not as
+a traceback from the middle of a step.
+
 Example::
 
     def make(seq_len=32, seed=0):
@@ -33,19 +39,30 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainfit.errors import ModelError
+from trainfit.errors import ModelError, TrainfitError
 from trainfit.tasks.base import GenericTask
 
 _TASK_METHODS = ("build_model", "dataset", "collate", "count", "loss", "block_names")
 _SPEC_FIELDS = ("model", "batch", "loss")
 PROTOCOL = ("a trainfit Task, or an object/dict with model (nn.Module or factory), batch(n) and "
             "loss(model, batch) -> (loss_sum, count); see trainfit.tasks.user")
+PROTOCOL_DOC = "docs/memory.md, section Models; src/trainfit/tasks/user.py"
+"""Where the module:callable protocol is written, named in every error about breaking it."""
+MODEL_RULE = "model must be an nn.Module (or a factory returning one) with parameters that require grad"
+BATCH_RULE = "batch(n) must return a micro-batch of n samples (tensors, or a dict/list/tuple of them)"
+LOSS_RULE = ("loss(model, batch) must return (loss_sum tensor, count): a scalar sum that requires grad, and a "
+             "count that is an int or a one-element tensor")
+_NOT_USER = (str(Path(torch.__file__).resolve().parent), str(Path(__file__).resolve().parents[1]))
+"""torch's and trainfit's own source: the frames an error report skips to find the user's line."""
 
 
 def _resolve(spec: str):
@@ -102,6 +119,128 @@ def _first_dim(batch: Any) -> int:
     return 1
 
 
+def _broke(spec: str, rule: str, what: str) -> ModelError:
+    return ModelError(f"model={spec!r}: {what}; {rule} (protocol: {PROTOCOL_DOC})")
+
+
+def _where(e: BaseException) -> str:
+    """`` (at file.py:LINE)``: the innermost frame of the user's code (not torch's, not trainfit's)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    user = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_NOT_USER)]
+    f = (user or frames or [None])[-1]
+    return f" (at {Path(f.filename).name}:{f.lineno})" if f is not None else ""
+
+
+def _raised(spec: str, rule: str, part: str, e: Exception) -> ModelError:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return _broke(spec, rule, f"{part} raised {type(e).__name__}: {text}{_where(e)}")
+
+
+def _passes_through(e: BaseException, *tensors: Any) -> bool:
+    """Errors that are not the user's to fix here, raised unchanged: trainfit's own, out-of-memory (auto-fit
+    re-cuts the step), and anything on the meta device (FLOP counting falls back to CPU on its errors)."""
+    if isinstance(e, (TrainfitError, MemoryError, torch.OutOfMemoryError)):
+        return True
+    if torch.get_default_device().type == "meta":
+        return True
+    leaves = torch.utils._pytree.tree_leaves(tensors)
+    return any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in leaves)
+
+
+def _checked_model(spec: str, m: Any) -> nn.Module:
+    if not isinstance(m, nn.Module):
+        raise _broke(spec, MODEL_RULE, f"the model is a {type(m).__name__}, not an nn.Module")
+    if not any(p.requires_grad for p in m.parameters()):
+        n = sum(1 for _ in m.parameters())
+        raise _broke(spec, MODEL_RULE, f"its {type(m).__name__} has no parameters to train"
+                     + (f" ({n} parameters, none requires grad)" if n else ""))
+    return m
+
+
+def _checked_loss_output(spec: str, out: Any) -> Any:
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        if isinstance(out, torch.Tensor):
+            got = f"a tensor of shape {tuple(out.shape)}"
+        else:
+            got = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+        raise _broke(spec, LOSS_RULE, f"loss(model, batch) returned {got}")
+    loss_sum, count = out
+    if not isinstance(loss_sum, torch.Tensor):
+        raise _broke(spec, LOSS_RULE, f"loss(model, batch) returned a sum that is a {type(loss_sum).__name__}, "
+                     "not a tensor")
+    if loss_sum.numel() != 1:
+        raise _broke(spec, LOSS_RULE, f"loss(model, batch) returned a sum of shape {tuple(loss_sum.shape)} "
+                     "(per-item losses? return their .sum())")
+    if torch.is_grad_enabled() and not loss_sum.requires_grad:
+        raise _broke(spec, LOSS_RULE, "loss(model, batch) returned a sum that does not require grad (a constant, "
+                     "or detached from the model's output)")
+    if isinstance(count, bool) or not isinstance(count, (int, torch.Tensor)) \
+            or (isinstance(count, int) and count < 0) or (isinstance(count, torch.Tensor) and count.numel() != 1):
+        shown = f"shape {tuple(count.shape)}" if isinstance(count, torch.Tensor) else repr(count)
+        raise _broke(spec, LOSS_RULE, f"loss(model, batch) returned a count of {shown}")
+    return out
+
+
+def _check_build(spec: str, build: Callable[[], Any]) -> Callable[[], nn.Module]:
+    def checked() -> nn.Module:
+        try:
+            m = build()
+        except Exception as e:
+            if _passes_through(e):
+                raise
+            raise _raised(spec, MODEL_RULE, "building the model", e) from None
+        return _checked_model(spec, m)
+
+    checked._trainfit_checked = True
+    return checked
+
+
+def _check_batch(spec: str, make: Callable[..., Any], part: str) -> Callable[..., Any]:
+    def checked(arg):
+        try:
+            b = make(arg)
+        except Exception as e:
+            if _passes_through(e):
+                raise
+            raise _raised(spec, BATCH_RULE, part, e) from None
+        if b is None:
+            raise _broke(spec, BATCH_RULE, f"{part} returned None")
+        return b
+
+    checked._trainfit_checked = True
+    return checked
+
+
+def _check_loss(spec: str, loss_fn: Callable[[nn.Module, Any], Any]) -> Callable[[nn.Module, Any], Any]:
+    def checked(m, b):
+        try:
+            out = loss_fn(m, b)
+        except Exception as e:
+            if _passes_through(e, b, next(m.parameters(), None)):
+                raise
+            raise _raised(spec, LOSS_RULE, "loss(model, batch)", e) from None
+        return _checked_loss_output(spec, out)
+
+    checked._trainfit_checked = True
+    return checked
+
+
+def check_task(spec: str, task: Any) -> Any:
+    """A user's full Task with its model, collate and loss checked against the protocol (in place, so
+    the Task's own references to itself stay valid); a Task that cannot be changed is used as it is."""
+    for name, wrap in (("build_model", _check_build), ("loss", _check_loss),
+                       ("collate", lambda s, f: _check_batch(s, f, "collate(samples)")),
+                       ("example_batch", lambda s, f: _check_batch(s, f, "example_batch(n)"))):
+        f = getattr(task, name, None)
+        if not callable(f) or getattr(f, "_trainfit_checked", False):
+            continue
+        try:
+            setattr(task, name, wrap(spec, f))
+        except (AttributeError, TypeError):  # frozen dataclass, __slots__, a property
+            return task
+    return task
+
+
 def task_from_spec(spec: str, obj: Any, *, dataset_size: int) -> GenericTask:
     """Turn a simple spec (model, batch, loss) into a GenericTask."""
     model, batch_fn, loss_fn = (_get(obj, f) for f in _SPEC_FIELDS)
@@ -116,18 +255,12 @@ def task_from_spec(spec: str, obj: Any, *, dataset_size: int) -> GenericTask:
             raise ModelError(f"model={spec!r}: the model factory returned {type(m).__name__}, not an nn.Module")
         return m
 
-    def loss(m, b):
-        out = loss_fn(m, b)
-        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
-            raise ModelError(f"model={spec!r}: loss(model, batch) must return (loss_sum tensor, count), "
-                             f"got {type(out).__name__}")
-        return out
-
+    batch = _check_batch(spec, batch_fn, "batch(n)")
     count = _get(obj, "count") or _first_dim
-    return GenericTask(name=spec, unit=_get(obj, "unit") or "samples", build_model=build,
-                       dataset=lambda: _Indices(dataset_size), collate=lambda idx: batch_fn(len(idx)),
-                       count=count, loss=loss, block_classes=tuple(_get(obj, "block_classes") or ()),
-                       example_batch=batch_fn)
+    return GenericTask(name=spec, unit=_get(obj, "unit") or "samples", build_model=_check_build(spec, build),
+                       dataset=lambda: _Indices(dataset_size), collate=lambda idx: batch(len(idx)),
+                       count=count, loss=_check_loss(spec, loss_fn),
+                       block_classes=tuple(_get(obj, "block_classes") or ()), example_batch=batch)
 
 
 def user_task(spec: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0,
@@ -142,7 +275,7 @@ def user_task(spec: str, *, model_config: str = "", seq_len: int = 64, seed: int
     torch.manual_seed(seed)
     obj = _call(spec, fn, model_config=model_config, seq_len=seq_len, seed=seed)
     if all(callable(getattr(obj, m, None)) for m in _TASK_METHODS):
-        return obj
+        return check_task(spec, obj)
     if all(_get(obj, f) is not None for f in _SPEC_FIELDS):
         return task_from_spec(spec, obj, dataset_size=dataset_size)
     raise ModelError(f"model={spec!r} returned {type(obj).__name__}; it must return {PROTOCOL}")
