@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.simplefilter("default")
+    # transformers logs its own config warnings on stderr, several lines each; keep its errors (override: set it)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.formatwarning = _one_line_warning  # a warning is one line on stderr, not its source line too
     try:
         return int(args.func(args) or 0)
