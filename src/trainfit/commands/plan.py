@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
+import importlib.util
+import math
 import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Collection, Iterator
 
 import torch
 
@@ -16,10 +16,18 @@ from trainfit.errors import ConfigError, TrainfitError
 from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
 from trainfit.plan.rules import Context
 from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
-from trainfit.plan.shapes import run_spec
+from trainfit.outputs import check_output_file, check_run_dir, claim_run_dir, dumps_json
+from trainfit.plan.shapes import PlannedModel, plan_model
 from trainfit.presets import MODEL_HELP
-from trainfit.probes.calibrate import basis_provider, calibrated_links, links_provider, with_dist_overhead
+from trainfit.probes.calibrate import (
+    BASIS_SOURCES,
+    basis_provider,
+    calibrated_links,
+    links_provider,
+    with_dist_overhead,
+)
 from trainfit.results import PlanReport, PlanRow
+from trainfit.tasks import make_task
 from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import Optimizer, choices, strategy_facts
 
@@ -51,6 +59,7 @@ def register(sub) -> None:
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")
     p.add_argument("--run-dir", default="runs/default", help="where --report writes (default runs/default)")
     p.add_argument("--write", metavar="PLAN.toml", help="write the best plan as a config `trainfit train` runs")
+    p.add_argument("--force", action="store_true", help="let --write replace an existing file")
     p.set_defaults(func=run)
 
 
@@ -64,47 +73,122 @@ def _int(name: str, text: str, minimum: int = 1) -> int:
     return v
 
 
+def _headroom(text: str) -> float:
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not 0.0 <= v < 1.0:  # NaN fails both comparisons; inf and negatives fail one
+        raise ConfigError("headroom", text, "a number in [0, 1), the share of device memory kept free")
+    return v
+
+
 def _rate(name: str, text: str | None) -> float | None:
     if text is None:
         return None
-    return float(parse_bytes(name, str(text).removesuffix("/s")))
+    value, allowed = str(text), "a bandwidth of at least 1 byte/s (and at most 16 EiB/s) such as 450GB/s or 50GB/s"
+    try:
+        return float(parse_bytes(name, value[:-2] if value.endswith("/s") else value, allowed=allowed))
+    except ConfigError:
+        raise ConfigError(name, value, allowed) from None  # the text as typed, "/s" included
 
 
-def make_plan(args):
-    """Parse the flags, search, and return (result, base config, devices per node)."""
+class _ConfigKeys(Collection):
+    """The keys ``trainfit train`` takes for a ``transformers`` config class (as ``tasks.hf`` reads them:
+    its fields, their aliases, and properties such as ``num_labels``)."""
+
+    def __init__(self, config_class) -> None:
+        self.default = config_class()
+        self.names = sorted(set(self.default.to_dict()) | set(getattr(config_class, "attribute_map", {})))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and (key in self.names or hasattr(self.default, key))
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def hf_config_keys(spec: str) -> Collection[str] | None:
+    """The config keys of ``hf:Class`` from ``transformers``, or None where it is not installed or has no such
+    class (then the task builder says so). Imported only when a key needs it (seconds)."""
+    try:
+        if importlib.util.find_spec("transformers") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    import transformers  # lazy: seconds to import, and only some plans (an hf: key beyond the shape's) need it
+
+    try:
+        config_class = getattr(getattr(transformers, spec.removeprefix("hf:"), None), "config_class", None)
+        return _ConfigKeys(config_class) if isinstance(config_class, type) else None
+    except Exception:  # a class transformers cannot import here, a config without defaults: the task builder's to say
+        return None
+
+
+def check_model(model: str, model_config: str, seq: int) -> PlannedModel:
+    """The model to plan for, refused exactly where ``trainfit train`` would refuse it, before any search."""
+    planned = plan_model(model, model_config, seq_len=seq, config_keys=hf_config_keys)
+    if planned.check_task:  # train's own checks: token rules, transformers' validation, the user's callable
+        make_task(planned.model, model_config=planned.model_config, seq_len=seq)
+    return planned
+
+
+def check_flags(args) -> dict:
+    """Every flag parsed and range-checked, and every output path checked, before any work."""
     devices, nodes = _int("devices", args.devices), _int("nodes", args.nodes)
     if devices % nodes:
-        raise ConfigError("nodes", nodes, f"a divisor of devices={devices}", "every node holds the same number")
-    try:
-        headroom = float(args.headroom)
-    except ValueError:
-        raise ConfigError("headroom", args.headroom, "a number in [0, 1)") from None
-    row = device_row(args.device)
+        raise ConfigError("nodes", args.nodes, f"a divisor of devices={devices}", "every node holds the same number")
     subsets = {}
     for flag, allowed in (("precisions", PRECISION_CHOICES), ("checkpointings", CHECKPOINT_CHOICES),
                           ("strategies", STRATEGY_CHOICES)):
         text = getattr(args, flag)
-        if text:
+        if text is not None:
             chosen = tuple(x.strip() for x in text.split(",") if x.strip())
             bad = [x for x in chosen if x not in allowed and not (flag == "checkpointings" and x.startswith("every:"))]
             if bad or not chosen:
                 raise ConfigError(flag, text, allowed)
             subsets[flag] = chosen
-    space = SearchSpace(global_batch=_int("global-batch", args.global_batch), devices=devices,
-                        memory_bytes=parse_bytes("device-memory", args.device_memory), headroom=headroom, **subsets)
-    model, model_config = run_spec(args.model, args.model_config)
-    seq = _int("seq", args.seq_len, 2)
-    base = make_config({"model": model, "model_config": model_config, "seq_len": seq, "optimizer": args.optimizer})
+    flags = dict(
+        devices=devices, nodes=nodes, subsets=subsets, headroom=_headroom(args.headroom),
+        global_batch=_int("global-batch", args.global_batch),
+        memory_bytes=parse_bytes("device-memory", args.device_memory),
+        seq=_int("seq", args.seq_len, 2), top=_int("top", args.top),
+        intra=_rate("bandwidth-intra", args.bandwidth_intra), inter=_rate("bandwidth-inter", args.bandwidth_inter),
+        row=device_row(args.device),
+        write=check_output_file("write", args.write, force=args.force, suffix=".toml") if args.write else None,
+    )
+    if args.basis not in BASIS_SOURCES:
+        raise ConfigError("basis", args.basis, BASIS_SOURCES)
+    if args.calibrate and flags["row"].peak_row is not None:
+        raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
+    make_config({"optimizer": args.optimizer})  # refused here, not after the model is read
+    if args.report:
+        check_run_dir(args.run_dir)
+    return flags
+
+
+def make_plan(args, flags: dict | None = None):
+    """Parse the flags, search, and return (result, base config, devices per node, basis used, space)."""
+    flags = check_flags(args) if flags is None else flags
+    devices, nodes, row, subsets = flags["devices"], flags["nodes"], flags["row"], flags["subsets"]
+    space = SearchSpace(global_batch=flags["global_batch"], devices=devices, memory_bytes=flags["memory_bytes"],
+                        headroom=flags["headroom"], **subsets)
+    seq = flags["seq"]
+    planned = check_model(args.model, args.model_config, seq)
+    base = make_config({"model": planned.model, "model_config": planned.model_config, "seq_len": seq,
+                        "optimizer": args.optimizer})
     basis, used = basis_provider(base, source=args.basis)
     latency_s = 0.0
-    intra = _rate("bandwidth-intra", args.bandwidth_intra)
+    intra = flags["intra"]
     if row.peak_row is None and args.calibrate and devices > 1:
         # Per-collective-call latency on CPU: gloo's path between ranks on one host is TCP loopback;
         # its one-way latency is one ring step (as measure/scaleout.py uses it without a live group).
         loop_bw, latency_s = measure_loopback()
         intra = intra or loop_bw
-    links = links_provider(row, nodes=nodes, devices=devices, intra=intra,
-                           inter=_rate("bandwidth-inter", args.bandwidth_inter), latency_s=latency_s)
+    links = links_provider(row, nodes=nodes, devices=devices, intra=intra, inter=flags["inter"], latency_s=latency_s)
     dist_rows = ()
     with contextlib.ExitStack() as scope:
         if args.calibrate:
@@ -124,6 +208,7 @@ def make_plan(args):
                 links, dist_rows = with_dist_overhead(links, base, basis, world=2,
                                                       strategies=subsets.get("strategies"))
         result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    result.notes.extend(planned.notes)
     if dist_rows:
         fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
                            for s, sync, ps, pm in dist_rows)
@@ -156,26 +241,32 @@ def plan_config(entry, base, *, devices: int, global_batch: int):
 
 
 def run(args) -> int:
-    result, base, per_node, used, space = make_plan(args)
-    top = _int("top", args.top)
-    shown = result.entries[:top]
-    if args.write:
+    flags = check_flags(args)  # every flag and output path refused before any work
+    result, base, per_node, used, space = make_plan(args, flags)
+    shown = result.entries[:flags["top"]]
+    write, toml_text = flags["write"], None
+    if write is not None:
         if result.best is None:
             raise TrainfitError("plan: nothing fits, so there is no config to --write: " + "; ".join(result.notes))
-        cfg = plan_config(result.best, base, devices=per_node, global_batch=space.global_batch)
-        Path(args.write).write_text(dump_toml(cfg))
+        toml_text = dump_toml(plan_config(result.best, base, devices=per_node, global_batch=space.global_batch))
+    out = None
     if args.json or args.report:
         out = plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()
-        if args.report:
-            save_and_report(args.run_dir, "plan.json", out, report=True)
-        if args.json:
-            print(json.dumps(out))
-            return 0
+        text = dumps_json(out)  # strict JSON: made before anything is written, so a refusal leaves nothing
+    # Everything that could refuse has run: only now is anything written.
+    if toml_text is not None:
+        write.write_text(toml_text)
+    if args.report:
+        claim_run_dir(args.run_dir)
+        save_and_report(args.run_dir, "plan.json", out, report=True)
+    if args.json:
+        print(text)
+        return 0
     print(format_table(shown))
     for n in result.notes:
         print(n)
-    if args.write:
-        print(f"wrote {args.write}: run it with `trainfit train {args.write}`", file=sys.stderr)
+    if write is not None:
+        print(f"wrote {write}: run it with `trainfit train {write}`", file=sys.stderr)
     return 0
 
 
@@ -188,7 +279,9 @@ def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:
 
 
 def format_table(entries) -> str:
-    head = f"{'#':>3} {'precision':<11}{'mb':>5}{'acc':>6} {'ckpt':<8}{'strategy':<9}{'sync':<16}" \
+    mw = max([5, *(len(str(e.micro_batch)) + 1 for e in entries)])  # a 10**18 batch keeps its columns apart
+    aw = max([6, *(len(str(e.accumulation)) + 1 for e in entries)])
+    head = f"{'#':>3} {'precision':<11}{'mb':>{mw}}{'acc':>{aw}} {'ckpt':<8}{'strategy':<9}{'sync':<16}" \
            f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
     lines = [head]
     for i, e in enumerate(entries, 1):
@@ -197,6 +290,6 @@ def format_table(entries) -> str:
         why = "yes" if e.fits else "no"
         if e.reasons:
             why += ": " + "; ".join(e.reasons)
-        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>5}{e.accumulation:>6} {e.checkpointing:<8}"
+        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {e.checkpointing:<8}"
                      f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
     return "\n".join(lines)

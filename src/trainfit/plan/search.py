@@ -40,15 +40,16 @@ class SearchSpace:
     checkpointings: tuple[str, ...] = CHECKPOINT_CHOICES
     strategies: tuple[str, ...] = STRATEGY_CHOICES
     micro_batches: tuple[int, ...] = ()
-    """Micro-batch sizes to try (empty: every divisor of the per-device share)."""
+    """Micro-batch sizes to try (empty: :func:`micro_batch_choices` of the per-device share)."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "devices", "memory_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(name.replace("_", "-"), v, "an integer >= 1")
-        if not 0.0 <= self.headroom < 1.0:
-            raise ConfigError("headroom", self.headroom, "a number in [0, 1)")
+        h = self.headroom  # NaN fails both comparisons; a string or a bool is refused before comparing
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
+            raise ConfigError("headroom", h, "a number in [0, 1)")
         if self.global_batch % self.devices:
             raise ConfigError("global-batch", self.global_batch, f"a multiple of devices={self.devices}",
                               explain_batch(self.global_batch, self.devices))
@@ -58,21 +59,55 @@ class SearchSpace:
         return self.memory_bytes * (1.0 - self.headroom)
 
 
+EXPLAIN_SCAN = 100_000
+"""Device counts :func:`explain_batch` tries at most (around the one asked for), so that huge numbers answer at once."""
+
+
 def explain_batch(global_batch: int, devices: int) -> str:
     """Nearest valid choices when ``global_batch`` does not split evenly over ``devices``."""
     lo = global_batch // devices * devices
     hi = lo + devices
     near = [b for b in (lo, hi) if b > 0]
-    divisors = [d for d in range(1, min(global_batch, 4 * devices) + 1) if global_batch % d == 0]
+    top = min(global_batch, 4 * devices)
+    if top <= EXPLAIN_SCAN:
+        tried = range(1, top + 1)
+    else:  # the counts nearest ``devices`` (and 1, which always divides): bounded work for any size
+        half = EXPLAIN_SCAN // 2
+        tried = [1, *range(max(2, devices - half), min(top, devices + half) + 1)]
+    divisors = [d for d in tried if global_batch % d == 0]
     close = sorted(divisors, key=lambda d: abs(d - devices))[:3]
     return (f"each of the {devices} devices must take the same number of samples per step; nearest valid global "
             f"batches: {' or '.join(map(str, near))}; or keep {global_batch} on "
             f"{' or '.join(map(str, sorted(close)))} devices")
 
 
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+MICRO_BATCH_SCAN = 4096
+"""The largest micro-batch tried by division; each found also gives its cofactor (see :func:`micro_batch_choices`)."""
+
+
+def divisors(n: int, *, scan: int | None = None) -> list[int]:
+    """The divisors of ``n``: every ``d <= min(scan, isqrt(n))`` that divides it, and ``n // d`` for each.
+
+    Without ``scan`` that is all of them; with it the work is at most ``scan`` trial divisions for any
+    ``n`` (10**18 included) and the list is still complete whenever ``n <= scan**2``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError("global-batch", n, "an integer >= 1")
+    top = math.isqrt(n) if scan is None else min(scan, math.isqrt(n))
+    small = [d for d in range(1, top + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
+
+
+def micro_batch_choices(share: int) -> tuple[list[int], str]:
+    """Micro-batches to try for a per-device ``share`` of the global batch, and a note when the list is
+    not every divisor: all of them up to ``MICRO_BATCH_SCAN**2`` (16.7M samples per device), beyond
+    that the divisors up to ``MICRO_BATCH_SCAN`` and their cofactors (micro-batch x accumulation ==
+    share always holds; only which splits are tried is bounded)."""
+    mbs = divisors(share, scan=MICRO_BATCH_SCAN)
+    if share <= MICRO_BATCH_SCAN**2:
+        return mbs, ""
+    return mbs, (f"micro-batches tried: the divisors of the per-device share {share} up to {MICRO_BATCH_SCAN} and "
+                 f"their cofactors ({len(mbs)} in all; accumulation = share / micro-batch); divisors between "
+                 f"{MICRO_BATCH_SCAN} and {share // MICRO_BATCH_SCAN}, if any, are not tried")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +148,7 @@ class PlanResult:
 
 def candidates(space: SearchSpace) -> list[Candidate]:
     share = space.global_batch // space.devices
-    mbs = [m for m in (space.micro_batches or divisors(share)) if share % m == 0]
+    mbs = [m for m in (space.micro_batches or micro_batch_choices(share)[0]) if share % m == 0]
     out = []
     for p in space.precisions:
         for ck in space.checkpointings:
@@ -176,6 +211,9 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
     notes = _notes(entries, space)
     if promoted:
         notes.append(promoted)
+    bounded = "" if space.micro_batches else micro_batch_choices(space.global_batch // space.devices)[1]
+    if bounded:
+        notes.append(bounded)
     return PlanResult(entries=entries, excluded=excluded, notes=notes, candidates=len(all_c))
 
 
