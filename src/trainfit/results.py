@@ -395,6 +395,11 @@ class ProfileReport(_Typed):
     batch_probe: BatchProbe
     scaling: Mapping[str, Any] = field(default_factory=dict)
     """Predicted scale-out curves per strategy (``trainfit.probes.scaleout.scaling``)."""
+    precision_probe: Mapping[str, float] = field(default_factory=dict)
+    """Median step seconds per precision (the profiled one and each that needs no more memory), measured
+    side by side on this device (``trainfit.probes.profile.probe_precision``); empty when not probed."""
+    precision_probe_note: str = ""
+    """How the precision probe measured, or why it did not."""
     grad_sync_separable: bool = True
     device: str
     world_size: int
@@ -420,6 +425,13 @@ class ProfileReport(_Typed):
     def phases(self) -> dict[str, float]:
         """Median seconds per phase, without the ``_s`` (data_wait ... rest), in step order."""
         return {p: getattr(self, f"{p}_s") for p in TIME_PHASES}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        # A profile stored before the precision probe existed (neither key) reads back to the same JSON.
+        if not self.precision_probe and not self.precision_probe_note:
+            del d["precision_probe"], d["precision_probe_note"]
+        return d
 
 
 

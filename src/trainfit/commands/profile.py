@@ -44,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--overlap", type=float, default=0.0,
                    help="fraction of backward that hides communication in predictions (default 0)")
     p.add_argument("--no-batch-probe", action="store_true", help="skip profiling a 2x micro-batch")
+    p.add_argument("--no-precision-probe", action="store_true",
+                   help="skip stepping the model in the other precisions that need no more memory (by default a "
+                        "few steps each, to advise when the chosen precision is slower on this device)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="device for strategy=single (default: cpu)")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file / write into a non-empty "
                                                        "--trace directory")
@@ -71,6 +74,7 @@ def run(args) -> int:
     # A config file's steps is a training length; only --steps sets the profiled steps.
     options = ProfileOptions(steps=cfg.steps if args.steps is not None else DEFAULT_STEPS, warmup=args.warmup,
                              batch_probe=not args.no_batch_probe, overlap=args.overlap, trace_dir=args.trace,
+                             precision_probe=not args.no_precision_probe,
                              bandwidth_bytes_per_s=parse_bandwidth(args.bandwidth) if args.bandwidth else None)
     launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: every rank profiles
     try:

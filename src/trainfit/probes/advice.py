@@ -3,17 +3,29 @@
 Order matters: adding devices to a run whose device waits for data, or runs kernels too
 small to fill it, multiplies the waste. So the advice is (a) the input pipeline when the
 data-wait share is above a threshold, (b) a larger micro-batch when throughput still rises
-with it, (c) only then scale-out, with predicted speed-ups. Each item carries the measured
-figure that triggered it.
+with it, (c) another precision when the chosen one's steps are measurably slower than one that
+needs no more memory, (d) only then communication and scale-out, with predicted speed-ups. Each
+item carries the measured figure that triggered it.
+
+Why precision sits third: a slower precision is a per-device fix that costs nothing (the same
+devices, the same memory), so it comes before buying devices; but the input pipeline and the batch
+size are cheaper to check and usually the larger effect, so they come first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from trainfit.errors import check_number
+from trainfit.vocabulary import PRECISIONS, Dtype, PrecisionName, precision_facts
 
 BOTTLENECKS = ("input", "batch", "communication", "compute")
+
+PRECISION_SLOWER_THRESHOLD = 1.5
+"""Advise another precision when the chosen one's median step takes more than this many times the
+other's. Step-time noise on a shared CPU is up to ~30% between alternating steps, so a ratio of
+1.5 separates a real kernel gap (no fast fp16 matmul: tens of times slower) from noise."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,9 +36,11 @@ class Thresholds:
     """Relative throughput gain at 2x micro-batch above which the run is batch-bound."""
     comm_frac: float = 0.20
     """Exposed-communication share of the step above which the run is communication-bound."""
+    precision_ratio: float = PRECISION_SLOWER_THRESHOLD
+    """Chosen / other precision's median step time above which the other is advised."""
 
     def __post_init__(self) -> None:
-        for name in ("input_frac", "batch_gain", "comm_frac"):
+        for name in ("input_frac", "batch_gain", "comm_frac", "precision_ratio"):
             check_number(name, getattr(self, name), minimum=0.0)
 
 
@@ -53,6 +67,13 @@ class Findings:
     """How the suggestion was checked against memory (budget, estimate, source)."""
     scaling_note: str = ""
     """One-line summary of the scale-out prediction (empty when it could not be made)."""
+    precision: str = ""
+    """The profiled precision (empty: no precision advice)."""
+    precision_times: Mapping[str, float] = field(default_factory=dict)
+    """Median step seconds per precision measured side by side (the chosen one included); empty when
+    not probed."""
+    device_label: str = ""
+    """The device in words for the advice ("this CPU", "NVIDIA H200"); default: the device type."""
 
 
 def bottleneck(f: Findings, t: Thresholds = Thresholds()) -> str:
@@ -96,20 +117,91 @@ def _batch_advice(f: Findings) -> list[dict]:
              "micro_batch": target, "batch_gain": f.batch_gain}]
 
 
+def precision_memory(name: str) -> tuple[int, int, int]:
+    """(model-state bytes per parameter, residual-stream bytes, matmul-input bytes per element) of a precision.
+
+    From its vocabulary row, counted as ``plan.basis.analytic_basis`` counts them: a master copy's
+    gradient is fp32 while stepping (so weights + 4 + master), and autocast keeps the residual stream
+    in the weights' fp32 while matmul inputs are cast to the compute dtype. The optimizer's own state
+    is the same for every precision.
+    """
+    w, g, master, cb = precision_facts(name).bytes_per_param
+    return w + (4 if master else g) + master, 4 if w == 4 else 2, cb
+
+
+def precision_candidates(chosen: str, supported: Iterable[str] | None = None) -> tuple[PrecisionName, ...]:
+    """The other precisions needing no more memory than ``chosen`` in any part (and ``supported`` here).
+
+    fp32 -> bf16-mixed, fp16-mixed (same weights, half activations; the ``*-true`` rows add a master
+    copy and its fp32 gradient); a ``*-mixed`` -> the other ``*-mixed``; a ``*-true`` -> the other
+    ``*-true`` (a ``*-mixed`` run keeps an fp32 residual stream, fp32 needs more of everything).
+    """
+    mine = precision_memory(chosen)
+    ok = None if supported is None else {PrecisionName(p) for p in supported}
+    return tuple(p for p in PRECISIONS if p != PrecisionName(chosen) and (ok is None or p in ok)
+                 and all(a <= b for a, b in zip(precision_memory(p), mine)))
+
+
+def fmt_ratio(r: float) -> str:
+    """``57x``, ``2.3x``."""
+    return f"{r:.0f}x" if r >= 10 else f"{r:.1f}x"
+
+
+def _slow_cause(chosen: str, other: str, device_type: str) -> str:
+    mine, theirs = precision_facts(chosen).compute, precision_facts(other).compute
+    if mine == theirs:
+        return f"both compute in {mine}; {chosen}'s weight casts, master copy or loss scaling cost the difference"
+    if device_type == "cpu" and mine in (Dtype.FP16, Dtype.BF16):
+        return f"no fast {mine} matmul here"
+    return f"{theirs} matmuls run faster than {mine} ones here"
+
+
+def _precision_advice(f: Findings, t: Thresholds) -> list[dict]:
+    """At most one item: the fastest measured candidate, when the chosen precision is ``t.precision_ratio`` slower.
+
+    Only ``precision_candidates`` count (the measured times of others are ignored), so the advice never
+    trades memory for speed.
+    """
+    times = f.precision_times
+    mine = times.get(f.precision) if f.precision else None
+    allowed = precision_candidates(f.precision) if f.precision else ()
+    others = {p: s for p, s in times.items() if p in allowed and s > 0}
+    if not mine or not others:
+        return []
+    best = min(others, key=others.get)
+    ratio = mine / others[best]
+    if not ratio > t.precision_ratio:
+        return []
+    same = precision_memory(best) == precision_memory(f.precision)
+    text = (f"{f.precision} steps take {fmt_ratio(ratio)} {best} on {f.device_label or f.device_type} "
+            f"({mine * 1e3:,.1f} ms vs {others[best] * 1e3:,.1f} ms per step, alternating): "
+            f"{_slow_cause(f.precision, best, f.device_type)}; use {best} "
+            f"({'the same memory' if same else 'less activation memory'})")
+    return [{"kind": "precision", "text": text, "precision": f.precision, "suggested_precision": str(best),
+             "ratio": ratio, "step_s": dict(times)}]
+
+
 def advise(f: Findings, t: Thresholds = Thresholds()) -> tuple[str, list[dict]]:
-    """(bottleneck, ordered advice items). Each item is ``{"kind", "text", ...measured figures}``."""
+    """(bottleneck, ordered advice items). Each item is ``{"kind", "text", ...measured figures}``.
+
+    Order: input, batch, precision, communication, scale-out (the module docstring says why).
+    """
     b = bottleneck(f, t)
     items: list[dict] = []
     if f.data_wait_frac > t.input_frac:
         items += _input_advice(f)
     if f.batch_gain is not None and f.batch_gain > t.batch_gain and f.micro_batch:
         items += _batch_advice(f)
+    # After the input and the batch (cheaper to check, usually larger), before communication and
+    # scale-out (a slower precision is a free per-device fix; more devices cost money).
+    precision = _precision_advice(f, t)
+    items += precision
     if f.world_size > 1 and f.comm_exposed_frac > t.comm_frac:
         items.append({"kind": "communication", "comm_exposed_frac": f.comm_exposed_frac,
                       "text": f"exposed communication is {f.comm_exposed_frac:.0%} of the step: raise accumulation "
                               "or micro_batch to amortise each gradient sync, prefer ddp/zero2 over zero3 "
                               "(1.5x the traffic), or use a faster interconnect"})
     if f.scaling_note:
-        prefix = "" if b in ("compute", "communication") else "after the fixes above: "
+        prefix = "" if b in ("compute", "communication") and not precision else "after the fixes above: "
         items.append({"kind": "scale-out", "text": prefix + f.scaling_note})
     return b, items

@@ -18,11 +18,16 @@ not know it is measured. Phases:
 On CUDA, phases are timed with CUDA events and the device busy fraction comes from the
 kernel timeline of ``torch.profiler``; on CPU phases are wall-clock and ``busy_frac`` is the
 share of the step spent computing (h2d + forward + backward + optimizer).
+
+With ``precision_probe`` it also steps the same model in the other precisions this device supports
+that need no more memory (``advice.precision_candidates``), alternating with the chosen one, so the
+advice can say when the chosen precision is the slow part (``advice.PRECISION_SLOWER_THRESHOLD``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -37,13 +42,14 @@ from trainfit.meters import devices as hardware
 from trainfit.meters.flops import FlopCounter
 from trainfit.meters.timers import PhaseTimer
 from trainfit.probes import scaleout
-from trainfit.probes.advice import Findings, Thresholds, advise
+from trainfit.probes.advice import PRECISION_SLOWER_THRESHOLD, Findings, Thresholds, advise, precision_candidates
 from trainfit.probes.batchfit import scaling_from_reports
 from trainfit.probes.memory import measure_memory
 from trainfit.results import Advice, BatchProbe, MemoryReport, ProfileReport
-from trainfit.run import Run
+from trainfit.run import Run, build_run
 from trainfit.tasks.base import to_device
 from trainfit.units import fmt_bytes
+from trainfit.vocabulary import PRECISIONS, Dtype, PrecisionName
 
 PARTS = ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s", "step_s")
 
@@ -65,11 +71,19 @@ class ProfileOptions:
     """Fraction of backward that can hide communication in predictions (0: pessimistic)."""
     trace_dir: str | None = None
     """Write a torch.profiler Chrome trace of a few extra steps here."""
+    precision_probe: bool = False
+    """Also step the same model in the other precisions this device supports that need no more memory,
+    alternating with the chosen one, and advise when the chosen one is slower. Off here, so callers that
+    profile many configurations (scripts, tests) pay for it only when asked; ``trainfit profile`` turns it
+    on (``--no-precision-probe`` turns it off)."""
+    precision_steps: int = 3
+    """Timed steps per precision in that probe, after one warm-up step of each other precision."""
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, minimum=1)
         check_int("warmup", self.warmup, minimum=0)
+        check_int("precision_steps", self.precision_steps, minimum=1)
         check_number("overlap", self.overlap, minimum=0.0, inclusive=True)
         if self.overlap > 1:
             raise ConfigError("overlap", self.overlap, "a number in [0, 1]")
@@ -244,6 +258,104 @@ def _probe_batch(run: Run, opts: ProfileOptions) -> tuple[float | None, tuple | 
     return r2 / r1 - 1.0, (r1, r2), f"alternating steps at micro_batch={m} and {2 * m}"
 
 
+def supported_precisions(device: torch.device) -> tuple[PrecisionName, ...] | None:
+    """The precisions ``device`` runs (None where this probe does not know: then it does not probe).
+
+    A CPU runs bf16 and fp16 (fp16 perhaps without fast kernels: that is what the probe measures); a CUDA
+    device runs bf16 only where it has bf16 arithmetic (compute capability 8.0 on), not emulated.
+    """
+    if device.type == "cpu":
+        return tuple(PRECISIONS)
+    if device.type == "cuda":
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        return tuple(p for p, f in PRECISIONS.items() if bf16 or f.compute != Dtype.BF16)
+    return None
+
+
+def device_label(device: torch.device) -> str:
+    """The device in words for advice: "this CPU", or the CUDA device's name."""
+    if device.type == "cpu":
+        return "this CPU"
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+PRECISION_WARMUP = 1
+"""Untimed steps of each other precision first (its kernels, allocator and lazy init); the chosen run is
+already warm from the profile."""
+
+
+def _compute_s(run: Run, host: list) -> float:
+    """One optimizer step of ``run`` on the host micro-batches ``host``: seconds without data wait."""
+    row = run_steps(run, itertools.cycle(host), steps=1, warmup=0)[0]
+    return row["step_s"] - row["data_wait_s"]
+
+
+def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], str]:
+    """({precision: median step seconds}, how) for the chosen precision and each candidate.
+
+    Candidates are ``advice.precision_candidates`` of the chosen precision on this device: the same
+    model, optimizer, micro-batch, accumulation and checkpointing, built one at a time (one extra model
+    in memory at once). Each candidate runs one warm-up step, then steps alternate chosen / candidate on
+    the same micro-batches, so a change in machine load hits both alike; times exclude data wait.
+
+    A pair stops early once the ratio is clear either way: step-time noise is up to ~30% a step, so a
+    candidate no faster than the chosen precision (ratio <= 1) cannot be ``PRECISION_SLOWER_THRESHOLD``
+    faster, and one more than twice that faster cannot be below it. That keeps the probe to a couple of
+    steps when one precision has no fast kernels here (tens of times slower).
+    """
+    cfg, st = run.cfg, run.strategy
+    chosen = str(cfg.precision)
+    if st.world_size > 1:
+        return {}, (f"not probed on {st.world_size} ranks (profile with strategy=single to compare "
+                    "precisions on one device)")
+    supported = supported_precisions(st.device)
+    if supported is None:
+        return {}, f"not probed: which precisions a {st.device.type} device runs is not known here"
+    candidates = precision_candidates(chosen, supported)
+    if not candidates:
+        return {}, f"no other precision that {st.device.type} supports needs no more memory than {chosen}"
+    batches = step_batches(run, cfg.micro_batch, start_step=30_000)
+    host = [next(batches) for _ in range(cfg.accumulation)]
+    del batches
+    mine: list[float] = []
+    times: dict[str, float] = {}
+    notes: list[str] = []
+    for p in candidates:
+        other = None
+        try:
+            other = build_run(dataclasses.replace(cfg, precision=p), strategy=st)
+            for _ in range(PRECISION_WARMUP):
+                _compute_s(other, host)
+            pair_mine, pair_other = [], []
+            for _ in range(opts.precision_steps):
+                pair_mine.append(_compute_s(run, host))
+                pair_other.append(_compute_s(other, host))
+                ratio = statistics.median(pair_mine) / statistics.median(pair_other)
+                if ratio <= 1.0 or ratio > 2 * PRECISION_SLOWER_THRESHOLD:
+                    break
+        except ConfigError as e:
+            notes.append(f"{p} not run ({e})")
+            continue
+        except torch.OutOfMemoryError:
+            notes.append(f"{p} ran out of memory next to the {chosen} run")
+            continue
+        finally:
+            del other
+            if st.device.type == "cuda":
+                torch.cuda.empty_cache()
+        mine += pair_mine
+        times[str(p)] = statistics.median(pair_other)
+        notes.append(f"{p}: {len(pair_other)} step(s)")
+    if not times:
+        return {}, "; ".join(notes)
+    times = {chosen: statistics.median(mine), **times}
+    return times, (f"{chosen} alternating with {', '.join(map(str, candidates))} (each in turn) on the same micro-batches "
+                   f"after {PRECISION_WARMUP} warm-up step, up to {opts.precision_steps} steps each, stopped "
+                   f"once the ratio is clear ({'; '.join(notes)}); data wait excluded")
+
+
 def _budget(run: Run) -> tuple[int | None, str]:
     if run.cfg.memory_cap:
         return run.cfg.memory_cap, "memory_cap"
@@ -336,6 +448,9 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         gain, rates, probe_note = _probe_batch(run, options)
         if gain is not None and gain > options.thresholds.batch_gain:
             suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
+    precision_times, precision_note = ({}, "not probed")
+    if options.precision_probe:
+        precision_times, precision_note = probe_precision(run, options)
     samples = [r["step_s"] - r["data_wait_s"] - r["comm_exposed_s"] for r in rows]  # per-step compute
     compute_s = statistics.median(samples)
     # On one process the accumulation window skips its token-count all-reduce; n > 1 ranks run it.
@@ -346,7 +461,9 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
                         h2d_frac=frac["h2d_s"], loader_workers=cfg.loader_workers, device_type=st.device.type,
                         world_size=st.world_size, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
                         batch_gain=gain, rate_unit=unit, rates=rates, suggested_micro_batch=suggested,
-                        fit_note=fit_note, scaling_note=scaleout.scaling_note(scaling))
+                        fit_note=fit_note, scaling_note=scaleout.scaling_note(scaling),
+                        precision=str(cfg.precision), precision_times=precision_times,
+                        device_label=device_label(st.device))
     bottleneck, advice = advise(findings, options.thresholds)
     items_per_s = sum(r["count"] for r in rows) / total_s
     return ProfileReport(
@@ -363,7 +480,8 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         peak_flops=peak, peak_dtype=dtype, peak_source=peak_source,
         batch_probe=BatchProbe(micro_batch=cfg.micro_batch, gain=gain, rates_per_s=rates, note=probe_note,
                                suggested_micro_batch=suggested, fit=fit_note),
-        scaling=scaling, grad_sync_separable=st.world_size == 1 or cfg.accumulation >= 2,
+        scaling=scaling, precision_probe=precision_times, precision_probe_note=precision_note,
+        grad_sync_separable=st.world_size == 1 or cfg.accumulation >= 2,
         device=str(st.device), world_size=st.world_size, rank=st.rank, strategy=cfg.strategy,
         steps=options.steps, warmup=options.warmup, trace=trace, threads=torch.get_num_threads(),
         model=cfg.model, precision=str(cfg.precision), checkpointing=cfg.checkpointing.spec,
