@@ -75,9 +75,11 @@ GPT_PRESETS = {
 # Llama 2 7B (Touvron et al. 2023, table 1 / HF config) and Llama 3 70B (Meta's HF config: GQA, 8 KV heads).
 HF_PRESETS: dict[str, tuple[str, str]] = {
     "llama-7b": ("hf:LlamaForCausalLM", "vocab_size=32000,num_hidden_layers=32,hidden_size=4096,"
-                                        "num_attention_heads=32,num_key_value_heads=32,intermediate_size=11008"),
+                                        "num_attention_heads=32,num_key_value_heads=32,intermediate_size=11008,"
+                                        "max_position_embeddings=4096"),
     "llama-70b": ("hf:LlamaForCausalLM", "vocab_size=128256,num_hidden_layers=80,hidden_size=8192,"
-                                         "num_attention_heads=64,num_key_value_heads=8,intermediate_size=28672"),
+                                         "num_attention_heads=64,num_key_value_heads=8,intermediate_size=28672,"
+                                         "max_position_embeddings=8192"),
 }
 """name -> (the ``hf:`` spec it builds, its config as ``key=value`` overrides)."""
 

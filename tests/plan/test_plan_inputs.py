@@ -237,10 +237,12 @@ def test_plan_refuses_a_bad_model_before_writing(capsys, tmp_path, no_search):
 
 
 def test_llama_positions_follow_seq_unless_set(capsys, tmp_path):
-    planned = plan_model("llama-70b", "", seq_len=4096)
+    planned = plan_model("hf:LlamaForCausalLM", "", seq_len=4096)  # LlamaConfig's default holds 2048 positions
     assert "max_position_embeddings=4096" in planned.model_config and not planned.check_task
     assert any("max_position_embeddings=4096 added" in n for n in planned.notes)
-    assert plan_model("llama-7b", "", seq_len=2048).model_config.count("max_position_embeddings") == 0
+    # the presets carry their published context (Llama 2: 4096, Llama 3: 8192): nothing added
+    assert plan_model("llama-70b", "", seq_len=4096).model_config.count("max_position_embeddings") == 1
+    assert plan_model("llama-7b", "", seq_len=2048).model_config.count("max_position_embeddings") == 1
     _refused(capsys, [*BASE, "--model", "llama-7b", "--seq", "4096", "--model-config",
                       "max_position_embeddings=2048"], "seq")
 
