@@ -33,6 +33,24 @@ class ResultFormatError(ValueError):
     """A stored result that is not the object its class writes (a key missing, a value of the wrong type)."""
 
 
+_INT_LIMIT = 2**63
+"""Stored integers (bytes, counts, steps) are 64-bit: a larger one is not a count any probe wrote."""
+_FLOAT_MAX = 1.7976931348623157e308
+
+
+def _short(v: object, limit: int = 60) -> str:
+    """``repr(v)`` cut to ``limit`` characters (an error message quotes the value, not a whole file)."""
+    try:
+        r = repr(v)
+    except (RecursionError, ValueError):  # nested too deeply; an int too long to print
+        r = f"<{type(v).__name__}>"
+    return _cut(r, limit)
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 # -- from_dict machinery: one reader for every report, driven by the fields' annotations --------------------
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -47,6 +65,8 @@ def _hints(cls: type) -> dict[str, Any]:
 def _object(cls: type, d: object) -> dict[str, Any]:
     if not isinstance(d, Mapping):
         raise ResultFormatError(f"{cls.__name__}: expected a JSON object, got {type(d).__name__}")
+    if not all(isinstance(k, str) for k in d):
+        raise ResultFormatError(f"{cls.__name__}: expected an object with text keys, got {_short(d)}")
     return dict(d)
 
 
@@ -54,7 +74,10 @@ def _coerce(hint: Any, v: Any, where: str) -> Any:
     """``v`` checked against ``hint`` and turned into the field's type (lists -> tuples, objects -> classes)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return _plain(v)
+        try:
+            return _plain(v)
+        except RecursionError:
+            raise ResultFormatError(f"{where}: nested too deeply") from None
     if origin in (typing.Union, types.UnionType):
         if v is None and type(None) in args:
             return None
@@ -64,27 +87,27 @@ def _coerce(hint: Any, v: Any, where: str) -> Any:
                 return _coerce(a, v, where)
             except ResultFormatError as e:
                 errors.append(str(e))
-        raise ResultFormatError(errors[0] if len(errors) == 1 else f"{where}: {v!r} is none of {hint}")
+        raise ResultFormatError(errors[0] if len(errors) == 1 else f"{where}: {_short(v)} is none of {hint}")
     if hint is bool:
         ok = isinstance(v, bool)
     elif hint is int:
-        ok = isinstance(v, int) and not isinstance(v, bool)
-    elif hint is float:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = isinstance(v, int) and not isinstance(v, bool) and -_INT_LIMIT <= v < _INT_LIMIT
+    elif hint is float:  # NaN and infinity are floats (a diverged run's figures); an int too big for one is not
+        ok = isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) <= _FLOAT_MAX)
     elif hint is str:
         ok = isinstance(v, str)
     elif origin is Mapping or hint is Mapping or origin is dict:
         if not isinstance(v, Mapping):
-            raise ResultFormatError(f"{where}: expected an object, got {v!r}")
+            raise ResultFormatError(f"{where}: expected an object, got {_short(v)}")
         key_t, val_t = args or (str, Any)
         return {_coerce(key_t, k, where): _coerce(val_t, x, f"{where}.{k}") for k, x in v.items()}
     elif origin is tuple:
         if not isinstance(v, (list, tuple)):
-            raise ResultFormatError(f"{where}: expected a list, got {v!r}")
+            raise ResultFormatError(f"{where}: expected a list, got {_short(v)}")
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_coerce(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
         if len(v) != len(args):
-            raise ResultFormatError(f"{where}: expected {len(args)} items, got {v!r}")
+            raise ResultFormatError(f"{where}: expected {len(args)} items, got {_short(v)}")
         return tuple(_coerce(a, x, f"{where}[{i}]") for i, (a, x) in enumerate(zip(args, v)))
     elif dataclasses.is_dataclass(hint):
         if isinstance(v, hint):
@@ -94,7 +117,7 @@ def _coerce(hint: Any, v: Any, where: str) -> Any:
     else:  # pragma: no cover - a field annotated with a type this reader does not know
         raise TypeError(f"{where}: no reader for {hint!r}")
     if not ok:
-        raise ResultFormatError(f"{where}: expected {hint.__name__}, got {v!r}")
+        raise ResultFormatError(f"{where}: expected {hint.__name__}, got {_short(v)}")
     return v
 
 
@@ -105,7 +128,7 @@ def _build(cls: type, d: dict[str, Any]):
     # A stored key named "extra" is itself an unknown key: kept inside extra, not taken for the field.
     extra = {k: v for k, v in d.items() if k not in fields or k == "extra"}
     if extra and not has_extra:
-        raise ResultFormatError(f"{cls.__name__}: unknown key(s) {', '.join(sorted(extra))}")
+        raise ResultFormatError(_cut(f"{cls.__name__}: unknown key(s) {', '.join(sorted(extra))}"))
     missing = [n for n, f in fields.items() if n not in d and n != "extra"
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -116,8 +139,8 @@ def _build(cls: type, d: dict[str, Any]):
         kw["extra"] = extra
     try:
         return cls(**kw)
-    except (TypeError, ValueError, AssertionError) as e:
-        raise ResultFormatError(f"{cls.__name__}: {e}") from e
+    except (TypeError, ValueError, OverflowError, AssertionError) as e:
+        raise ResultFormatError(_cut(f"{cls.__name__}: {e}")) from e
 
 
 def _with_extra(d: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,12 +17,25 @@ list of them (e.g. one memory report per configuration). Each object is read bac
 report (:mod:`trainfit.results`: ``MemoryReport``, ``ProfileReport``, ``PlanReport``, ``VerifyReport``)
 with ``from_dict``, and the page reads their attributes; a file (or an entry of one) that is not
 readable as its report is named in a note and left out instead of failing the whole page.
+
+What "not readable" covers, each said in a note on the page (at most :data:`MAX_NOTES_PER_FILE` per file,
+then a count): a file that is not a regular file, not UTF-8, empty, not JSON (cut short, nested deeper than
+Python reads) or not the report its name says (wrong types anywhere, a bare number); a metrics.jsonl line
+that is not UTF-8, not JSON, not an object, has no whole-number ``step`` >= 0, or a value of the wrong type
+(``"loss_scale": "abc"``, a list) -- skipped with its line number, the other lines kept. Non-finite numbers
+are not errors (a diverged step is worth showing): NaN/Infinity tokens are read as such, the nulls that
+``outputs.dumps_json`` writes for them are put back from the object's ``"non_finite"`` list, and charts
+leave out what is not finite. An unreadable config.toml is a note too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +62,7 @@ class LossSeries:
     @property
     def scaled(self) -> bool:
         """True when any step used a loss scale other than 1 (fp16 policies)."""
-        return any(s != 1.0 for s in self.loss_scale)
+        return any(math.isfinite(s) and s != 1.0 for s in self.loss_scale)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +79,8 @@ class RunArtifacts:
     """Median seconds per phase over the logged training steps (from metrics.jsonl)."""
     notes: list[str] = field(default_factory=list)
     """Files that were present but unreadable, said once each."""
+    present: list[str] = field(default_factory=list)
+    """The report files the directory holds, readable or not."""
 
     @property
     def empty(self) -> bool:
@@ -73,33 +88,43 @@ class RunArtifacts:
 
 
 def loss_series(rows: list[dict]) -> LossSeries:
-    """metrics.jsonl rows -> the loss curve; a resumed run's repeated steps keep the last line."""
+    """metrics.jsonl rows -> the loss curve; a resumed run's repeated steps keep the last line.
+
+    Rows are those :func:`metrics_row` accepted (or written by train): a value that is not a finite number
+    becomes NaN (drawn as a gap, never as a point).
+    """
     by_step: dict[int, dict] = {}
     for r in rows:
         by_step[int(r["step"])] = r
     steps = sorted(by_step)
     loss = [_finite_or_nan(by_step[s].get("loss")) for s in steps]
-    scale = [float(by_step[s].get("loss_scale", 1.0)) for s in steps]
+    scale = [_finite_or_nan(by_step[s].get("loss_scale", 1.0)) for s in steps]
     skipped = [s for s in steps if by_step[s].get("stepped") is False]
     return LossSeries(steps=steps, loss=loss, loss_scale=scale, skipped=skipped)
 
 
 def train_time_parts(rows: list[dict]) -> dict[str, float]:
-    """Median seconds per phase of the steps train logged (the first step, with its warm-up, left out)."""
-    rows = [r for r in rows if isinstance(r.get("forward_s"), (int, float))][1:] or rows[:1]
-    if not rows or not isinstance(rows[0].get("forward_s"), (int, float)):
+    """Median seconds per phase of the steps train logged (the first step, with its warm-up, left out).
+
+    A phase value that is missing or not a finite number counts as 0 s.
+    """
+    rows = [r for r in rows if _is_number(r.get("forward_s"))][1:] or rows[:1]
+    if not rows or not _is_number(rows[0].get("forward_s")):
         return {}
 
+    def sec(r: dict, key: str) -> float:
+        v = _finite_or_nan(r.get(key))
+        return v if math.isfinite(v) else 0.0
+
     def med(key: str, extra: str = "") -> float:
-        vals = sorted(float(r.get(key, 0.0) or 0.0) + float(r.get(extra, 0.0) or 0.0) if extra else
-                      float(r.get(key, 0.0) or 0.0) for r in rows)
+        vals = sorted(sec(r, key) + (sec(r, extra) if extra else 0.0) for r in rows)
         n = len(vals)
         return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
     out = {"data_wait": med("data_wait_s"), "forward": med("forward_s"),
            "backward": med("backward_s", "backward_sync_s"), "optimizer": med("optimizer_s")}
     out["rest"] = max(0.0, med("step_s") - sum(out.values()))
-    return out
+    return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
 def memory_parts(report: MemoryReport) -> dict[str, int]:
@@ -140,39 +165,217 @@ def advice_items(art: RunArtifacts) -> list[tuple[str, str]]:
     return items
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _finite_or_nan(v: Any) -> float:
+    """``v`` as a float, NaN when it is not a finite number (a string, a list, infinity, an int beyond float)."""
+    if not _is_number(v):
+        return math.nan
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except OverflowError:
         return math.nan
     return f if math.isfinite(f) else math.nan
 
 
+MAX_NOTES_PER_FILE = 20
+"""Notes said for one file before the rest are counted in one more note (a page, not a log)."""
+
+METRIC_NUMBERS = ("loss", "loss_scale", "step_s", "forward_s", "backward_s", "backward_sync_s", "optimizer_s",
+                  "data_wait_s", "h2d_s")
+"""The numeric keys of a metrics.jsonl record the report reads (null, NaN and infinity allowed: a diverged step)."""
+
+_MAX_STEP = 2**53
+
+
+class _Notes:
+    """Notes for one file, at most :data:`MAX_NOTES_PER_FILE` of them and then a count of the rest."""
+
+    def __init__(self, notes: list[str], name: str) -> None:
+        self.notes, self.name, self.more = notes, name, 0
+        self.said = 0
+
+    def add(self, text: str) -> None:
+        if self.said < MAX_NOTES_PER_FILE:
+            self.notes.append(_one_line(text))
+            self.said += 1
+        else:
+            self.more += 1
+
+    def close(self) -> None:
+        if self.more:
+            self.notes.append(f"{self.name}: {self.more} more like these; left out")
+
+
+def _one_line(text: str, limit: int = 0) -> str:
+    """``text`` on one line (runs of whitespace, newlines included, become one space), cut to ``limit`` if given."""
+    text = " ".join(str(text).split())
+    return text if not limit or len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _short(v: Any, limit: int = 40) -> str:
+    try:
+        r = repr(v)
+    except (RecursionError, ValueError):
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def metrics_row(obj: Any) -> tuple[dict | None, str]:
+    """One parsed metrics.jsonl line -> (the record, "") or (None, why it is not one)."""
+    if not isinstance(obj, dict):
+        return None, f"a JSON {type(obj).__name__}, not an object"
+    step = obj.get("step")
+    if "step" not in obj:
+        return None, "no step"
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
+        return None, f"step={_short(step)} is not a whole number >= 0"
+    for key in METRIC_NUMBERS:
+        v = obj.get(key)
+        if v is not None and not _is_number(v):
+            return None, f"{key}={_short(v)} is not a number"
+    if obj.get("stepped") is not None and not isinstance(obj.get("stepped"), bool):
+        return None, f"stepped={_short(obj.get('stepped'))} is not true or false"
+    return obj, ""
+
+
+def _read_bytes(path: Path, notes: list[str]) -> bytes | None:
+    """The bytes of a file the run directory holds; None with a note when it cannot be read."""
+    if not path.is_file():
+        notes.append(f"{path.name}: not a regular file; left out")
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        notes.append(f"{path.name}: not readable ({_one_line(str(e.strerror or e), 120)}); left out")
+        return None
+
+
+def _read_text(path: Path, notes: list[str]) -> str | None:
+    data = _read_bytes(path, notes)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        notes.append(f"{path.name}: not UTF-8 text (byte {e.start}); left out")
+        return None
+
+
 def read_docs(path: Path, notes: list[str]) -> list[Any]:
     """The JSON values a report file holds (one object, or a list of them); [] with a note when unreadable."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
+        return []
+    text = _read_text(path, notes)
+    if text is None:
+        return []
+    if not text.strip():
+        notes.append(f"{path.name}: empty; left out")
         return []
     try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        notes.append(f"{path.name}: not readable as JSON ({e}); left out")
+        d = json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python reads
+        notes.append(f"{path.name}: not readable as JSON ({_one_line(str(e), 120)}); left out")
         return []
     if isinstance(d, dict) and isinstance(d.get("reports"), list):  # the container docs/report.md allows
         d = d["reports"]
     return d if isinstance(d, list) else [d]
 
 
+_PATH_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def restore_non_finite(d: Any) -> Any:
+    """A stored object with the numbers ``outputs.dumps_json`` wrote as null (listed under ``"non_finite"``,
+    e.g. ``"grad_cosine=nan"``) put back as NaN/infinity, so a diverged run's report still reads as its class."""
+    if not isinstance(d, dict) or not isinstance(d.get("non_finite"), list):
+        return d
+    listed = d["non_finite"]
+    d = {k: v for k, v in d.items() if k != "non_finite"}
+    for item in listed[:1000]:
+        if not isinstance(item, str) or "=" not in item:
+            continue
+        where, _, value = item.rpartition("=")
+        if value not in ("nan", "inf", "-inf"):
+            continue
+        parts = [int(m[1]) if m[1] else m[2] for m in _PATH_PART.finditer(where)]
+        if 0 < len(parts) <= 32:
+            d = _put(d, parts, float(value))
+    return d
+
+
+def _put(c: Any, parts: list, value: float) -> Any:
+    """``c`` with the null at ``parts`` replaced by ``value`` (copies along the path; anything else unchanged)."""
+    if not parts:
+        return value if c is None else c
+    head, rest = parts[0], parts[1:]
+    if isinstance(head, int) and isinstance(c, list) and head < len(c):
+        c = list(c)
+        c[head] = _put(c[head], rest, value)
+    elif isinstance(head, str) and isinstance(c, dict) and head in c:
+        c = dict(c)
+        c[head] = _put(c[head], rest, value)
+    return c
+
+
 def read_reports(path: Path, kind, notes: list[str]) -> list:
     """Each object in ``path`` as a ``kind`` (e.g. MemoryReport) via ``from_dict``; one note per object that is not."""
     docs = read_docs(path, notes)
+    said = _Notes(notes, path.name)
     out = []
     for i, d in enumerate(docs):
         try:
-            out.append(kind.from_dict(d))
-        except ResultFormatError as e:
+            out.append(kind.from_dict(restore_non_finite(d)))
+        except (ResultFormatError, RecursionError) as e:
             where = path.name if len(docs) == 1 else f"{path.name} entry {i + 1}"
-            notes.append(f"{where}: not a {kind.__name__} ({e}); left out")
+            said.add(f"{where}: not a {kind.__name__} ({_one_line(str(e) or 'nested too deeply', 200)}); left out")
+    said.close()
     return out
+
+
+def read_metrics(path: Path, notes: list[str]) -> list[dict]:
+    """The records of metrics.jsonl; a line that is not one (cut short by a crash, not UTF-8, a value of the
+    wrong type) is skipped with a note naming its line number."""
+    data = _read_bytes(path, notes)
+    if data is None:
+        return []
+    said = _Notes(notes, METRICS)
+    before = len(notes)
+    rows = []
+    for i, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+        except UnicodeDecodeError:
+            said.add(f"{METRICS} line {i}: not UTF-8 text; skipped")
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):  # a line cut short by a crash
+            said.add(f"{METRICS} line {i}: not a metrics record (not JSON); skipped")
+            continue
+        row, why = metrics_row(obj)
+        if row is None:
+            said.add(f"{METRICS} line {i}: not a metrics record ({why}); skipped")
+        else:
+            rows.append(row)
+    said.close()
+    if not rows and len(notes) == before:
+        notes.append(f"{METRICS}: empty; no loss curve")
+    elif not rows:
+        notes.append(f"{METRICS}: no readable record; no loss curve")
+    return rows
+
+
+def read_config(path: Path, notes: list[str]) -> str:
+    """config.toml as text to show ("" when absent; a note when it is not readable UTF-8 text)."""
+    if not path.exists() and not path.is_symlink():
+        return ""
+    text = _read_text(path, notes)
+    return text or ""
 
 
 def load_run(run_dir: str | Path) -> RunArtifacts:
@@ -181,24 +384,39 @@ def load_run(run_dir: str | Path) -> RunArtifacts:
     notes: list[str] = []
     loss, train_time = None, {}
     metrics = root / METRICS
-    if metrics.exists():
-        rows = []
-        for i, line in enumerate(metrics.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                int(row["step"])
-                rows.append(row)
-            except (ValueError, KeyError, TypeError):  # a line cut short by a crash
-                notes.append(f"{METRICS} line {i}: not a metrics record; skipped")
+    if metrics.exists() or metrics.is_symlink():
+        rows = read_metrics(metrics, notes)
         loss = loss_series(rows) if rows else None
         train_time = train_time_parts(rows)
-    cfg = root / "config.toml"
     return RunArtifacts(
-        run_dir=str(root), config=cfg.read_text() if cfg.exists() else "", loss=loss,
+        run_dir=str(root), config=read_config(root / "config.toml", notes), loss=loss,
         memory=read_reports(root / MEMORY, MemoryReport, notes),
         profile=read_reports(root / PROFILE, ProfileReport, notes),
         plan=read_reports(root / PLAN, PlanReport, notes), verify=read_reports(root / VERIFY, VerifyReport, notes),
         train_time=train_time, notes=notes,
+        present=[n for n in (METRICS, MEMORY, PROFILE, PLAN, VERIFY) if (root / n).exists() or (root / n).is_symlink()],
     )
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory and ``os.replace``:
+    the old file stays whole until the new one is complete, and no temporary file is left on any failure."""
+    path = Path(path)
+    data = text.encode("utf-8", "backslashreplace")  # a lone surrogate from a JSON escape must not fail the write
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

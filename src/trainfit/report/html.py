@@ -22,6 +22,7 @@ from trainfit.report.data import (
     memory_parts,
     profile_label,
     time_parts,
+    write_text_atomic,
 )
 from trainfit.units import fmt_bytes
 
@@ -46,6 +47,17 @@ def _img(png: bytes, alt: str, caption: str) -> str:
             f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
+def _chart(notes: list[str], alt: str, caption: str, draw, *args) -> str:
+    """A chart as an ``<img>``; when matplotlib cannot draw it (data it chokes on), a note instead: the tables
+    still show the numbers, and a picture must never cost the page."""
+    try:
+        png = draw(*args)
+    except Exception as e:  # noqa: BLE001 - matplotlib's errors have no common base; each becomes a note
+        notes.append(" ".join(f"{alt} chart not drawn ({type(e).__name__}: {e}"[:240].split()) + ")")
+        return ""
+    return _img(png, alt, caption)
+
+
 def _num(v: object) -> str:
     if isinstance(v, float):
         if math.isnan(v):
@@ -67,7 +79,7 @@ class _Raw(str):
     """Already-escaped HTML for a table cell."""
 
 
-def _loss_section(art: RunArtifacts) -> str:
+def _loss_section(art: RunArtifacts, notes: list[str]) -> str:
     s = art.loss
     if s is None:
         return ""
@@ -76,11 +88,11 @@ def _loss_section(art: RunArtifacts) -> str:
             ["last loss", finite[-1] if finite else math.nan], ["skipped steps", len(s.skipped)],
             ["final loss scale", s.loss_scale[-1]]]
     out = ["<h2>Loss</h2>", _table(["", "value"], rows),
-           _img(plots.loss_png(s), "loss curve", f"Loss per optimizer step from metrics.jsonl; "
-                f"{len(s.skipped)} skipped step(s) marked with a red cross.")]
+           _chart(notes, "loss curve", f"Loss per optimizer step from metrics.jsonl; {len(s.skipped)} skipped "
+                  "step(s) marked with a red cross; steps whose loss is not finite are gaps.", plots.loss_png, s)]
     if s.scaled:
-        out.append(_img(plots.loss_scale_png(s), "loss scale", "Dynamic loss scale (halved on overflow, "
-                        "doubled after a run of clean steps); red lines are skipped steps."))
+        out.append(_chart(notes, "loss scale", "Dynamic loss scale (halved on overflow, doubled after a run of "
+                          "clean steps); red lines are skipped steps.", plots.loss_scale_png, s))
     else:
         out.append("<p>Loss scale: 1 throughout (this precision does not scale the loss).</p>")
     if s.skipped:
@@ -89,7 +101,7 @@ def _loss_section(art: RunArtifacts) -> str:
     return "\n".join(out)
 
 
-def _memory_section(art: RunArtifacts) -> str:
+def _memory_section(art: RunArtifacts, notes: list[str]) -> str:
     if not art.memory:
         return ""
     labels = [memory_label(r) for r in art.memory]
@@ -99,12 +111,17 @@ def _memory_section(art: RunArtifacts) -> str:
     rows = [[lab] + [v / mib for v in p.values()] + [r.peak_bytes / mib, r.peak_phase, r.method]
             for lab, p, r in zip(labels, parts, art.memory)]
     header = ["configuration"] + [f"{k} MiB" for k in parts[0]] + ["peak MiB", "peak phase", "method"]
-    return "\n".join(["<h2>Memory</h2>", _img(plots.memory_png(labels, parts, peaks), "memory parts",
-                      "Largest live bytes of each part during one optimizer step; the black tick is the peak "
-                      "(parts need not all be at their largest at the same moment)."), _table(header, rows)])
+    return "\n".join(["<h2>Memory</h2>", _chart(notes, "memory parts", "Largest live bytes of each part during one "
+                      "optimizer step; the black tick is the peak (parts need not all be at their largest at the same "
+                      f"moment){_first_bars(len(labels))}.", plots.memory_png, labels, parts, peaks),
+                      _table(header, rows)])
 
 
-def _time_section(art: RunArtifacts) -> str:
+def _first_bars(n: int) -> str:
+    return f"; the first {plots.MAX_BARS} of {n} shown" if n > plots.MAX_BARS else ""
+
+
+def _time_section(art: RunArtifacts, notes: list[str]) -> str:
     shown = [(profile_label(p, i), time_parts(p), p.bottleneck) for i, p in enumerate(art.profile)]
     if art.train_time:  # train logs its phases too: shown beside (or instead of) a profile
         shown.append(("train (metrics.jsonl)", art.train_time, ""))
@@ -116,8 +133,10 @@ def _time_section(art: RunArtifacts) -> str:
         rows += [[lab, k, v * 1e3, f"{v / total:.0%}"] for k, v in t.items()]
         if bottleneck:
             rows.append([lab, "bottleneck", _Raw(f"<b>{_e(bottleneck)}</b>"), ""])
-    return "\n".join(["<h2>Step time</h2>", _img(plots.time_png([s[0] for s in shown], [s[1] for s in shown]),
-                                                  "step time breakdown", "Median time per optimizer step by phase."),
+    return "\n".join(["<h2>Step time</h2>",
+                      _chart(notes, "step time breakdown", f"Median time per optimizer step by phase"
+                             f"{_first_bars(len(shown))}.", plots.time_png, [s[0] for s in shown],
+                             [s[1] for s in shown]),
                       _table(["profile", "phase", "ms (median)", "share"], rows)])
 
 
@@ -155,36 +174,61 @@ def _verify_section(art: RunArtifacts) -> str:
     return "<h2>Verify</h2>\n" + _table(header, rows)
 
 
+PAGE_START = "<!doctype html><html lang=en><head><meta charset=utf-8>\n<title>trainfit report: "
+"""How every page trainfit writes begins (how ``report`` knows a RUN_DIR/report.html is its own)."""
+
+
 def render(art: RunArtifacts) -> str:
-    """The whole page as one string."""
+    """The whole page as one string (charts that could not be drawn are added to the notes shown)."""
+    return render_with_notes(art)[0]
+
+
+def render_with_notes(art: RunArtifacts) -> tuple[str, list[str]]:
+    """The page, and every note on it (the files and lines left out, the charts not drawn)."""
+    notes = list(art.notes)
     advice = advice_items(art)
     parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        PAGE_START.split("\n")[0],
         f"<title>trainfit report: {_e(art.run_dir)}</title><style>{CSS}</style></head><body>",
         f"<h1>trainfit report</h1><p>Run directory: <code>{_e(art.run_dir)}</code></p>",
-        _loss_section(art), _memory_section(art), _time_section(art), _plan_section(art), _verify_section(art),
+        _loss_section(art, notes), _memory_section(art, notes), _time_section(art, notes), _plan_section(art),
+        _verify_section(art),
     ]
+    if art.empty:
+        parts.append('<p class="note">Nothing in this directory could be read as a report; the notes below say '
+                     "why.</p>")
     if advice:
         parts.append("<h2>Advice</h2><ol>" + "".join(f"<li><b>{_e(s)}</b>: {_e(t)}</li>" for s, t in advice) + "</ol>")
     if art.config:
         parts.append(f"<h2>Configuration</h2><pre>{_e(art.config)}</pre>")
-    if art.notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f'<li class="note">{_e(n)}</li>' for n in art.notes) + "</ul>")
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f'<li class="note">{_e(n)}</li>' for n in notes) + "</ul>")
     parts.append("</body></html>")
-    return "\n".join(p for p in parts if p)
+    return "\n".join(p for p in parts if p), notes
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Render ``run_dir`` into ``out`` (default ``RUN_DIR/report.html``); returns the path written."""
+    return write_page(run_dir, out)[0]
+
+
+def write_page(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Render ``run_dir`` into ``out`` (default ``RUN_DIR/report.html``), atomically (nothing half-written,
+    no temporary file left behind); returns the path written and the page's notes.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a directory, or holds none of the files a report shows.
+    """
     root = Path(run_dir)
     if not root.is_dir():
-        raise ConfigError("run_dir", str(root), "an existing run directory", "run `trainfit train --run-dir DIR` first")
+        what = "a directory (this path is a file)" if root.exists() else "an existing run directory"
+        raise ConfigError("run_dir", str(root), what, "run `trainfit train --run-dir DIR` first")
     art = load_run(root)
-    if art.empty:
+    if art.empty and not art.present:
         raise ConfigError("run_dir", str(root), "a directory with metrics.jsonl, memory.json, profile.json, "
                           "plan.json or verify.json", "run `trainfit train` (or memory/profile/plan with --report)")
     path = Path(out) if out else root / REPORT
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(art), encoding="utf-8")
-    tmp.replace(path)  # never a half-written page
-    return path
+    page, notes = render_with_notes(art)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, page)
+    return path, notes

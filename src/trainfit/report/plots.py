@@ -8,8 +8,10 @@ The report's charts take the plain series from :mod:`trainfit.report.data` and r
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import warnings
 from pathlib import Path
 
 from trainfit.errors import ConfigError
@@ -36,85 +38,146 @@ def _plt():
     return plt
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Labels drawn as typed ("$" is not mathtext) and matplotlib's warnings about odd data kept off stderr."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=DPI)
-    _plt().close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=DPI)
+    finally:
+        _plt().close(fig)
     return buf.getvalue()
 
 
+MAX_BARS = 40
+"""Bars one chart draws (the tables list every report)."""
+LARGEST = 1e100
+"""Values beyond this are not drawn (no loss, scale, byte count or time is that large; matplotlib's axis
+arithmetic overflows near 1e308)."""
+
+
+def _plottable(v: float, *, positive: bool = False, nonnegative: bool = False) -> float:
+    """``v`` as a float to draw, or NaN (not drawn: a gap in a line) when it is not finite or absurdly large."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+    if not math.isfinite(f) or abs(f) > LARGEST or (positive and f <= 0) or (nonnegative and f < 0):
+        return math.nan
+    return f
+
+
+def _label(text: str, limit: int = 70) -> str:
+    """A chart label: one line of printable text, cut to ``limit`` characters."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def loss_png(s: LossSeries) -> bytes:
-    """Loss per optimizer step; skipped steps marked with a red cross."""
+    """Loss per optimizer step; skipped steps marked with a red cross. Non-finite losses are gaps."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=SIZE_IN)
-    ax.plot(s.steps, s.loss, color="#4C72B0", lw=1.4, label="loss (mean over the window's tokens)")
-    if s.skipped:
-        finite = [v for v in s.loss if math.isfinite(v)]
-        top = max(finite) if finite else 1.0
-        at = dict(zip(s.steps, s.loss))
-        ys = [at[k] if math.isfinite(at[k]) else top for k in s.skipped]
-        ax.scatter(s.skipped, ys, marker="x", color="#C44E52", s=40, zorder=3,
-                   label=f"skipped step ({len(s.skipped)})")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
-    return _png(fig)
+    steps = [float(k) for k in s.steps]
+    loss = [_plottable(v) for v in s.loss]
+    with _quiet():
+        fig, ax = plt.subplots(figsize=SIZE_IN)
+        ax.plot(steps, loss, color="#4C72B0", lw=1.4, label="loss (mean over the window's tokens)")
+        if s.skipped:
+            finite = [v for v in loss if math.isfinite(v)]
+            top = max(finite) if finite else 1.0
+            at = dict(zip(s.steps, loss))
+            ys = [at[k] if math.isfinite(at.get(k, math.nan)) else top for k in s.skipped]
+            ax.scatter([float(k) for k in s.skipped], ys, marker="x", color="#C44E52", s=40, zorder=3,
+                       label=f"skipped step ({len(s.skipped)})")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+        return _png(fig)
 
 
 def loss_scale_png(s: LossSeries) -> bytes:
-    """The dynamic loss scale per step (log2 axis); skipped steps as red lines."""
+    """The dynamic loss scale per step (log2 axis); skipped steps as red lines. Scales that are not finite
+    and positive are gaps."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=SIZE_IN)
-    ax.step(s.steps, s.loss_scale, where="post", color="#55A868", lw=1.4, label="loss scale")
-    for i, k in enumerate(s.skipped):
-        ax.axvline(k, color="#C44E52", alpha=0.35, lw=1, label="skipped step" if i == 0 else None)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss scale")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
-    return _png(fig)
+    with _quiet():
+        fig, ax = plt.subplots(figsize=SIZE_IN)
+        scale = [_plottable(v, positive=True) for v in s.loss_scale]
+        ax.step([float(k) for k in s.steps], scale, where="post", color="#55A868", lw=1.4, label="loss scale")
+        for i, k in enumerate(s.skipped[:1000]):
+            ax.axvline(float(k), color="#C44E52", alpha=0.35, lw=1, label="skipped step" if i == 0 else None)
+        if any(math.isfinite(v) for v in scale):  # a log axis of nothing positive cannot be drawn
+            ax.set_yscale("log", base=2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss scale")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+        return _png(fig)
+
+
+def _bars_height(n: int) -> tuple[float, float]:
+    return SIZE_IN[0], max(2.2, 0.9 + 0.55 * n)
 
 
 def memory_png(labels: list[str], parts: list[dict[str, int]], peaks: list[int | None]) -> bytes:
-    """Stacked bars of the parts (MiB) per configuration; a black tick at the measured peak."""
+    """Stacked bars of the parts (MiB) per configuration (the first :data:`MAX_BARS`); a black tick at the
+    measured peak. A value that is not a finite size is drawn as 0."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(SIZE_IN[0], max(2.2, 0.9 + 0.55 * len(labels))))
+    labels, parts, peaks = labels[:MAX_BARS], parts[:MAX_BARS], peaks[:MAX_BARS]
     mib = 2.0**20
-    left = [0.0] * len(labels)
-    for name in parts[0]:
-        vals = [p[name] / mib for p in parts]
-        ax.barh(labels, vals, left=left, color=COLORS.get(name), label=name)
-        left = [a + b for a, b in zip(left, vals)]
-    for i, pk in enumerate(peaks):
-        if pk:
-            ax.plot([pk / mib] * 2, [i - 0.4, i + 0.4], color="black", lw=2, label="peak" if i == 0 else None)
-    ax.invert_yaxis()
-    ax.set_xlabel("MiB (largest live bytes of each part during one step)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    return _png(fig)
+    ys = list(range(len(labels)))
+    with _quiet():
+        fig, ax = plt.subplots(figsize=_bars_height(len(labels)))
+        left = [0.0] * len(labels)
+        for name in parts[0]:
+            vals = [_plottable(p.get(name, 0) / mib, nonnegative=True) for p in parts]
+            vals = [v if math.isfinite(v) else 0.0 for v in vals]
+            ax.barh(ys, vals, left=left, color=COLORS.get(name), label=name)
+            left = [a + b for a, b in zip(left, vals)]
+        first = True
+        for i, pk in enumerate(peaks):
+            x = _plottable(pk / mib, positive=True) if pk else math.nan
+            if math.isfinite(x):
+                ax.plot([x] * 2, [i - 0.4, i + 0.4], color="black", lw=2, label="peak" if first else None)
+                first = False
+        ax.set_yticks(ys, [_label(lab) for lab in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel("MiB (largest live bytes of each part during one step)")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+        return _png(fig)
 
 
 def time_png(labels: list[str], parts: list[dict[str, float]]) -> bytes:
-    """Stacked bars of the median step time (ms) by phase per profile."""
+    """Stacked bars of the median step time (ms) by phase per profile (the first :data:`MAX_BARS`); a time
+    that is not a finite, non-negative number is drawn as 0."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(SIZE_IN[0], max(2.2, 0.9 + 0.55 * len(labels))))
-    names = [n for n in ("data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer", "rest")
-             if any(n in p for p in parts)]
-    left = [0.0] * len(labels)
-    for name in names:
-        vals = [p.get(name, 0.0) * 1e3 for p in parts]
-        color = COLORS.get(name)
-        ax.barh(labels, vals, left=left, color=color, label=name)
-        left = [a + b for a, b in zip(left, vals)]
-    ax.invert_yaxis()
-    ax.set_xlabel("ms per optimizer step (median)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    return _png(fig)
+    labels, parts = labels[:MAX_BARS], parts[:MAX_BARS]
+    ys = list(range(len(labels)))
+    with _quiet():
+        fig, ax = plt.subplots(figsize=_bars_height(len(labels)))
+        names = [n for n in ("data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer", "rest")
+                 if any(n in p for p in parts)]
+        left = [0.0] * len(labels)
+        for name in names:
+            vals = [_plottable(p.get(name, 0.0) * 1e3, nonnegative=True) for p in parts]
+            vals = [v if math.isfinite(v) else 0.0 for v in vals]
+            ax.barh(ys, vals, left=left, color=COLORS.get(name), label=name)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.set_yticks(ys, [_label(lab) for lab in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per optimizer step (median)")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+        return _png(fig)
 
 
 def plot_memory(report: MemoryReport, path: str | Path, *, budget_bytes: int | None = None) -> Path:
