@@ -235,6 +235,10 @@ class MemoryReport(_Typed):
     """Seconds to produce this report."""
     details: Mapping[str, Any] = field(default_factory=dict)
     """How the numbers were obtained (e.g. the block shortcut: traced layer counts)."""
+    strategy: str = ""
+    """The strategy measured (or, estimated, sharded for); empty in reports stored before this key existed."""
+    world_size: int = 0
+    """Ranks the strategy spread over (per-rank bytes); 0 in reports stored before this key existed."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Keys of a stored report that this class does not know (written back as they were)."""
 
@@ -268,6 +272,9 @@ class MemoryReport(_Typed):
         d["notes"] = list(self.notes)
         d["dominant_part"] = self.dominant_part
         d["lever"] = LEVERS[self.dominant_part]
+        for key in ("strategy", "world_size"):  # a report stored before these keys reads back to the same JSON
+            if not d[key]:
+                del d[key]
         return _with_extra(d, self.extra)
 
     @classmethod
@@ -533,4 +540,12 @@ class VerifyReport(_Typed):
     passed: bool
     causes: tuple[str, ...] = ()
     """Why it failed, most likely first (empty when it passed)."""
+    checkpointing: str = ""
+    """The checkpointing policy verified; empty in reports stored before this key existed."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if not self.checkpointing:  # a report stored before the key existed reads back to the same JSON
+            del d["checkpointing"]
+        return d

@@ -287,7 +287,7 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
         report = build_report(run, tracker, method="estimated", batch=n, masters=masters_of(run), wall_s=0.0,
                               details={"shortcut": why_not})
     report = shard_parts(report, strategy, world_size)
-    return dataclasses.replace(report, wall_s=time.perf_counter() - t0)
+    return dataclasses.replace(report, wall_s=time.perf_counter() - t0, strategy=str(strategy), world_size=world_size)
 
 
 def shard_parts(report: MemoryReport, strategy: str, world_size: int) -> MemoryReport:

@@ -36,11 +36,12 @@ import math
 import os
 import re
 import tempfile
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainfit.results import MemoryReport, PlanReport, ProfileReport, ResultFormatError, VerifyReport
+from trainfit.results import MemoryReport, PlanReport, PlanRow, ProfileReport, ResultFormatError, VerifyReport
 
 METRICS = "metrics.jsonl"
 MEMORY = "memory.json"
@@ -65,11 +66,114 @@ class LossSeries:
         return any(math.isfinite(s) and s != 1.0 for s in self.loss_scale)
 
 
+SETUP_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "world_size")
+"""The levers every section names: what it was measured on (the keys of config.toml and the flags, but
+``world_size`` for config.toml's ``devices``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """The configuration one section (or one entry of it) was measured on; None where its file did not record
+    a lever (a report stored before the key existed)."""
+
+    precision: str | None = None
+    micro_batch: int | str | None = None
+    accumulation: int | None = None
+    checkpointing: str | None = None
+    strategy: str | None = None
+    world_size: int | None = None
+
+    def known(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in SETUP_KEYS if getattr(self, k) is not None}
+
+    def describe(self) -> str:
+        """Every lever as ``key=value`` ("precision=fp16-mixed, micro_batch=2, ..."); "not recorded" for the others."""
+        known = self.known()
+        text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in known.items())
+        missing = [k for k in SETUP_KEYS if k not in known]
+        if missing:
+            text += ("; " if text else "") + ", ".join(missing) + " not recorded"
+        return text
+
+    def short(self) -> str:
+        """One chart line: "fp16-mixed, micro-batch 2 x accumulation 2, checkpointing none, single x 1"."""
+        k = self.known()
+        out = [str(k["precision"])] if "precision" in k else []
+        mb = [f"{w} {_fmt_value(k[key])}" for key, w in (("micro_batch", "micro-batch"), ("accumulation", "accumulation"))
+              if key in k]
+        if mb:
+            out.append(" x ".join(mb))
+        if "checkpointing" in k:
+            out.append(f"checkpointing {k['checkpointing']}")
+        if "strategy" in k or "world_size" in k:
+            out.append(" x ".join(str(k[key]) for key in ("strategy", "world_size") if key in k))
+        return ", ".join(out) or "configuration not recorded"
+
+    def differences(self, run: Setup | None) -> list[tuple[str, object, object]]:
+        """(lever, this value, the run's value) for each lever both recorded and that differs."""
+        if run is None:
+            return []
+        mine, theirs = self.known(), run.known()
+        return [(k, mine[k], theirs[k]) for k in SETUP_KEYS
+                if k in mine and k in theirs and str(mine[k]) != str(theirs[k])]
+
+    def difference_text(self, run: Setup | None, name: str = "the run") -> str:
+        """ "precision=fp32 (the run: fp16-mixed)", one clause per differing lever; "" when none differ."""
+        return "; ".join(f"{k}={_fmt_value(a)} ({name}: {_fmt_value(b)})" for k, a, b in self.differences(run))
+
+
+def _fmt_value(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+def _known_str(v: object) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _known_int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def config_setup(values: dict) -> Setup:
+    """The levers of a config.toml (as train writes it: ``devices`` is the world size)."""
+    mb = values.get("micro_batch")
+    return Setup(precision=_known_str(values.get("precision")),
+                 micro_batch=_known_int(mb) or _known_str(mb), accumulation=_known_int(values.get("accumulation")),
+                 checkpointing=_known_str(values.get("checkpointing")), strategy=_known_str(values.get("strategy")),
+                 world_size=_known_int(values.get("devices")))
+
+
+def memory_setup(r: MemoryReport) -> Setup:
+    return Setup(precision=_known_str(r.precision), micro_batch=_known_int(r.batch),
+                 accumulation=_known_int(r.accumulation), checkpointing=_known_str(r.checkpointing),
+                 strategy=_known_str(r.strategy), world_size=_known_int(r.world_size))
+
+
+def profile_setup(p: ProfileReport) -> Setup:
+    return Setup(precision=_known_str(p.precision), micro_batch=_known_int(p.micro_batch),
+                 accumulation=_known_int(p.accumulation), checkpointing=_known_str(p.checkpointing),
+                 strategy=_known_str(p.strategy), world_size=_known_int(p.world_size))
+
+
+def verify_setup(v: VerifyReport) -> Setup:
+    return Setup(precision=_known_str(v.precision), micro_batch=_known_int(v.micro_batch),
+                 accumulation=_known_int(v.accumulation), checkpointing=_known_str(v.checkpointing),
+                 strategy=_known_str(v.strategy), world_size=_known_int(v.world_size))
+
+
+def plan_setup(row: PlanRow, devices: int) -> Setup:
+    return Setup(precision=_known_str(row.precision), micro_batch=_known_int(row.micro_batch),
+                 accumulation=_known_int(row.accumulation), checkpointing=_known_str(row.checkpointing),
+                 strategy=_known_str(row.strategy), world_size=_known_int(devices))
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunArtifacts:
     run_dir: str
     config: str = ""
     """config.toml as written by train (empty when absent)."""
+    setup: Setup | None = None
+    """The run's configuration read from config.toml (the one metrics.jsonl was written by); None without one."""
     loss: LossSeries | None = None
     memory: list[MemoryReport] = field(default_factory=list)
     profile: list[ProfileReport] = field(default_factory=list)
@@ -77,6 +181,8 @@ class RunArtifacts:
     verify: list[VerifyReport] = field(default_factory=list)
     train_time: dict[str, float] = field(default_factory=dict)
     """Median seconds per phase over the logged training steps (from metrics.jsonl)."""
+    train_time_steps: int = 0
+    """How many logged steps those medians are over."""
     notes: list[str] = field(default_factory=list)
     """Files that were present but unreadable, said once each."""
     present: list[str] = field(default_factory=list)
@@ -108,8 +214,8 @@ def train_time_parts(rows: list[dict]) -> dict[str, float]:
 
     A phase value that is missing or not a finite number counts as 0 s.
     """
-    rows = [r for r in rows if _is_number(r.get("forward_s"))][1:] or rows[:1]
-    if not rows or not _is_number(rows[0].get("forward_s")):
+    rows = _timed_rows(rows)
+    if not rows:
         return {}
 
     def sec(r: dict, key: str) -> float:
@@ -125,6 +231,17 @@ def train_time_parts(rows: list[dict]) -> dict[str, float]:
            "backward": med("backward_s", "backward_sync_s"), "optimizer": med("optimizer_s")}
     out["rest"] = max(0.0, med("step_s") - sum(out.values()))
     return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def _timed_rows(rows: list[dict]) -> list[dict]:
+    """The rows whose phases train_time_parts takes the medians of (the first timed one left out, unless alone)."""
+    timed = [r for r in rows if _is_number(r.get("forward_s"))]
+    return timed[1:] or timed[:1]
+
+
+def train_time_steps(rows: list[dict]) -> int:
+    """How many logged steps :func:`train_time_parts` takes its medians over."""
+    return len(_timed_rows(rows))
 
 
 def memory_parts(report: MemoryReport) -> dict[str, int]:
@@ -155,8 +272,8 @@ def profile_label(profile: ProfileReport, index: int) -> str:
 def advice_items(art: RunArtifacts) -> list[tuple[str, str]]:
     """(source, text) for every piece of advice the run's reports carry, in their own order."""
     items: list[tuple[str, str]] = []
-    for p in art.profile:
-        items += [("profile", a.text) for a in p.advice]
+    for i, p in enumerate(art.profile):
+        items += [(f"profile {i + 1} ({profile_setup(p).short()})", a.text) for a in p.advice]
     for plan in art.plan:
         items += [("plan", n) for n in plan.notes]
     for m in art.memory:
@@ -378,22 +495,36 @@ def read_config(path: Path, notes: list[str]) -> str:
     return text or ""
 
 
+def parse_config(text: str, notes: list[str]) -> Setup | None:
+    """The run's levers from config.toml's text; None (with a note when there was text) when not readable."""
+    if not text.strip():
+        return None
+    try:
+        values = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        notes.append(f"config.toml: not readable as TOML ({_one_line(str(e), 120)}); the sections are not compared "
+                     "with the run's configuration")
+        return None
+    return config_setup(values)
+
+
 def load_run(run_dir: str | Path) -> RunArtifacts:
     """Read whatever the run directory holds (see the module docstring)."""
     root = Path(run_dir)
     notes: list[str] = []
-    loss, train_time = None, {}
+    loss, train_time, timed = None, {}, 0
     metrics = root / METRICS
     if metrics.exists() or metrics.is_symlink():
         rows = read_metrics(metrics, notes)
         loss = loss_series(rows) if rows else None
-        train_time = train_time_parts(rows)
+        train_time, timed = train_time_parts(rows), train_time_steps(rows)
+    config = read_config(root / "config.toml", notes)
     return RunArtifacts(
-        run_dir=str(root), config=read_config(root / "config.toml", notes), loss=loss,
+        run_dir=str(root), config=config, setup=parse_config(config, notes), loss=loss,
         memory=read_reports(root / MEMORY, MemoryReport, notes),
         profile=read_reports(root / PROFILE, ProfileReport, notes),
         plan=read_reports(root / PLAN, PlanReport, notes), verify=read_reports(root / VERIFY, VerifyReport, notes),
-        train_time=train_time, notes=notes,
+        train_time=train_time, train_time_steps=timed, notes=notes,
         present=[n for n in (METRICS, MEMORY, PROFILE, PLAN, VERIFY) if (root / n).exists() or (root / n).is_symlink()],
     )
 

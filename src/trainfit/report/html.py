@@ -16,14 +16,20 @@ from trainfit.report import plots
 from trainfit.report.data import (
     REPORT,
     RunArtifacts,
+    Setup,
     advice_items,
     load_run,
     memory_label,
     memory_parts,
+    memory_setup,
+    plan_setup,
     profile_label,
+    profile_setup,
     time_parts,
+    verify_setup,
     write_text_atomic,
 )
+from trainfit.report.numbers import fmt_num, fmt_rate, fmt_seconds, fmt_share
 from trainfit.units import fmt_bytes
 
 CSS = """
@@ -34,6 +40,8 @@ table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}td,th{border:1px 
 text-align:left;vertical-align:top;white-space:nowrap}td ul{white-space:normal;min-width:20rem;margin:0;padding-left:1rem}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:.5rem 0}img.chart{max-width:100%;height:auto}figcaption{font-size:.8rem;color:#555}
 .wide{overflow-x:auto}pre{background:#f7f7f7;padding:.5rem;font-size:.8rem;overflow:auto}.note{color:#8a5a00}
+p.cfg{font-size:.85rem;color:#333;margin:.3rem 0}p.differs{color:#9b1c1c;background:#fff3f3;
+border-left:3px solid #c44e52;padding:.25rem .5rem}
 """
 
 
@@ -59,24 +67,73 @@ def _chart(notes: list[str], alt: str, caption: str, draw, *args) -> str:
 
 
 def _num(v: object) -> str:
+    """A number in a table cell, for people: thousands separators, no ``e`` notation (:mod:`report.numbers`)."""
     if isinstance(v, float):
-        if math.isnan(v):
-            return "NaN"
-        return f"{v:.0f}" if v.is_integer() and abs(v) < 1e12 else f"{v:.4g}"
+        return fmt_num(v, digits=4)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return fmt_num(v)
     return _e(v)
-
-
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="num">{_num(c)}</td>' if isinstance(c, (int, float)) and not isinstance(c, bool)
-                         else f"<td>{c if isinstance(c, _Raw) else _e(c)}</td>" for c in r) + "</tr>"
-        for r in rows)
-    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 class _Raw(str):
     """Already-escaped HTML for a table cell."""
+
+
+class _Num(str):
+    """A number already written for people ("13,640", "1.5 GiB"): escaped, right-aligned like numbers."""
+
+
+def _cell(c: object) -> str:
+    if isinstance(c, _Num) or (isinstance(c, (int, float)) and not isinstance(c, bool)):
+        return f'<td class="num">{_e(c) if isinstance(c, _Num) else _num(c)}</td>'
+    return f"<td>{c if isinstance(c, _Raw) else _e(c)}</td>"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows)
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _bytes(n: float) -> _Num:
+    return _Num(fmt_bytes(n))
+
+
+THE_RUN = "the run"
+"""How a difference names the run's own configuration: "precision=fp32 (the run: fp16-mixed)"."""
+
+
+def _setup_line(what: str, setup: Setup | None, run: Setup | None) -> str:
+    """One line naming the configuration ``what`` was measured on; marked, with the difference spelled out,
+    when it is not the run's (config.toml)."""
+    if setup is None or not setup.known():
+        return f'<p class="cfg">{_e(what)}: configuration not recorded.</p>'
+    diff = setup.difference_text(run)
+    if diff:
+        return (f'<p class="cfg differs"><b>{_e(what)}: measured with {_e(diff)}</b> -- a different configuration '
+                f"from the run's, so its numbers do not describe the run. All levers: {_e(setup.describe())}.</p>")
+    return f'<p class="cfg">{_e(what)}: measured with {_e(setup.describe())}{_as_run(setup, run)}.</p>'
+
+
+def _as_run(setup: Setup, run: Setup | None) -> str:
+    """ " -- the run's configuration (config.toml)" when ``setup`` matches it (in every lever it recorded)."""
+    if run is None:
+        return ""
+    partly = " in every lever recorded" if len(setup.known()) < len(run.known()) else ""
+    return f" -- the run's configuration (config.toml){partly}"
+
+
+def _vs_run(setup: Setup, run: Setup | None) -> str:
+    """The table cell comparing one entry with the run: "as the run" or what differs."""
+    if run is None:
+        return "no config.toml to compare"
+    return setup.difference_text(run) or "as the run"
+
+
+def _mark(setup: Setup, run: Setup | None) -> str:
+    """The red line a chart draws under a bar measured on another configuration ("" for the run's own)."""
+    diff = setup.difference_text(run)
+    return f"differs from the run: {diff}" if diff else ""
 
 
 def _loss_section(art: RunArtifacts, notes: list[str]) -> str:
@@ -87,7 +144,11 @@ def _loss_section(art: RunArtifacts, notes: list[str]) -> str:
     rows = [["optimizer steps", len(s.steps)], ["first loss", finite[0] if finite else math.nan],
             ["last loss", finite[-1] if finite else math.nan], ["skipped steps", len(s.skipped)],
             ["final loss scale", s.loss_scale[-1]]]
-    out = ["<h2>Loss</h2>", _table(["", "value"], rows),
+    trained = (f'<p class="cfg">Trained with: {_e(art.setup.describe())} (config.toml, the configuration that wrote '
+               "metrics.jsonl).</p>" if art.setup else
+               '<p class="cfg">Trained with: configuration not recorded (no readable config.toml in the run '
+               "directory).</p>")
+    out = ["<h2>Loss</h2>", trained, _table(["", "value"], rows),
            _chart(notes, "loss curve", f"Loss per optimizer step from metrics.jsonl; {len(s.skipped)} skipped "
                   "step(s) marked with a red cross; steps whose loss is not finite are gaps.", plots.loss_png, s)]
     if s.scaled:
@@ -96,7 +157,7 @@ def _loss_section(art: RunArtifacts, notes: list[str]) -> str:
     else:
         out.append("<p>Loss scale: 1 throughout (this precision does not scale the loss).</p>")
     if s.skipped:
-        shown = ", ".join(str(k) for k in s.skipped[:50]) + (" ..." if len(s.skipped) > 50 else "")
+        shown = ", ".join(fmt_num(k) for k in s.skipped[:50]) + (" ..." if len(s.skipped) > 50 else "")
         out.append(f"<p>Skipped steps: {_e(shown)}</p>")
     return "\n".join(out)
 
@@ -105,15 +166,22 @@ def _memory_section(art: RunArtifacts, notes: list[str]) -> str:
     if not art.memory:
         return ""
     labels = [memory_label(r) for r in art.memory]
+    setups = [memory_setup(r) for r in art.memory]
     parts = [memory_parts(r) for r in art.memory]
     peaks: list[int | None] = [r.peak_bytes for r in art.memory]
-    mib = 2.0**20
-    rows = [[lab] + [v / mib for v in p.values()] + [r.peak_bytes / mib, r.peak_phase, r.method]
-            for lab, p, r in zip(labels, parts, art.memory)]
-    header = ["configuration"] + [f"{k} MiB" for k in parts[0]] + ["peak MiB", "peak phase", "method"]
-    return "\n".join(["<h2>Memory</h2>", _chart(notes, "memory parts", "Largest live bytes of each part during one "
-                      "optimizer step; the black tick is the peak (parts need not all be at their largest at the same "
-                      f"moment){_first_bars(len(labels))}.", plots.memory_png, labels, parts, peaks),
+    marks = [_mark(su, art.setup) for su in setups]
+    lines = [_setup_line(f"memory {i + 1} ({lab})", su, art.setup) for i, (lab, su) in enumerate(zip(labels, setups))]
+    rows = [[lab] + [_bytes(v) for v in p.values()] + [_bytes(r.peak_bytes), r.peak_phase, r.method,
+                                                       _vs_run(su, art.setup)]
+            for lab, p, r, su in zip(labels, parts, art.memory, setups)]
+    header = ["configuration"] + list(parts[0]) + ["peak", "peak phase", "method", "vs the run"]
+    return "\n".join(["<h2>Memory</h2>", *lines,
+                      _chart(notes, "memory parts", "Largest live bytes of each part during one optimizer step; the "
+                             "black tick is the peak (parts need not all be at their largest at the same moment); "
+                             "a bar measured on another configuration than the run's says so in red"
+                             f"{_first_bars(len(labels))}.", plots.memory_png,
+                             [f"memory {i + 1}: {lab}\n{su.short()}" for i, (lab, su) in enumerate(zip(labels, setups))],
+                             parts, peaks, marks),
                       _table(header, rows)])
 
 
@@ -122,22 +190,56 @@ def _first_bars(n: int) -> str:
 
 
 def _time_section(art: RunArtifacts, notes: list[str]) -> str:
-    shown = [(profile_label(p, i), time_parts(p), p.bottleneck) for i, p in enumerate(art.profile)]
+    # (table label, chart label, phases, bottleneck, configuration, throughput)
+    shown = []
+    for i, p in enumerate(art.profile):
+        su = profile_setup(p)
+        how = f"median of {fmt_num(p.steps)} profiled steps after {fmt_num(p.warmup)} warm-up"
+        rate = fmt_rate(p.tokens_per_s, "tokens") if p.tokens_per_s is not None else fmt_rate(p.samples_per_s,
+                                                                                              "samples")
+        shown.append((profile_label(p, i), f"profile {i + 1} ({how})\n{su.short()}", time_parts(p), p.bottleneck,
+                      su, rate))
     if art.train_time:  # train logs its phases too: shown beside (or instead of) a profile
-        shown.append(("train (metrics.jsonl)", art.train_time, ""))
+        su = art.setup or Setup()
+        how = f"median of {fmt_num(art.train_time_steps)} logged steps, the first left out"
+        shown.append(("train (metrics.jsonl)", f"train (metrics.jsonl, {how})\n{su.short()}", art.train_time, "",
+                      art.setup, ""))
     if not shown:
         return ""
+    ref, ref_name = art.setup, THE_RUN
+    if ref is None:  # no config.toml: the bars are compared with the first that recorded its configuration
+        first = next((i for i, x in enumerate(shown) if x[4] is not None and x[4].known()), None)
+        if first is not None:
+            ref, ref_name = shown[first][4], shown[first][0].split(":")[0]
+    marks, lines = [], []
+    for lab, _, _, _, su, _ in shown:
+        diff = su.difference_text(ref, ref_name) if su is not None else ""
+        marks.append(f"differs from {ref_name}: {diff}" if diff else "")
+        if su is None or not su.known():
+            lines.append(f'<p class="cfg">{_e(lab.split(":")[0])}: configuration not recorded (no readable '
+                         "config.toml).</p>")
+        elif diff:
+            lines.append(f'<p class="cfg differs"><b>{_e(lab.split(":")[0])}: measured with {_e(diff)}</b> -- its '
+                         f"times are not comparable with those of {_e(ref_name)}. All levers: {_e(su.describe())}.</p>")
+        else:
+            same = _as_run(su, art.setup) if art.setup is not None else f" -- as {ref_name}" if ref is not su else ""
+            lines.append(f'<p class="cfg">{_e(lab.split(":")[0])}: measured with {_e(su.describe())}{same}.</p>')
     rows = []
-    for lab, t, bottleneck in shown:
+    for lab, _, t, bottleneck, _, rate in shown:
         total = sum(t.values()) or 1.0
-        rows += [[lab, k, v * 1e3, f"{v / total:.0%}"] for k, v in t.items()]
+        rows += [[lab, k, _Num(fmt_num(v * 1e3)), fmt_share(v / total)] for k, v in t.items()]
         if bottleneck:
             rows.append([lab, "bottleneck", _Raw(f"<b>{_e(bottleneck)}</b>"), ""])
-    return "\n".join(["<h2>Step time</h2>",
-                      _chart(notes, "step time breakdown", f"Median time per optimizer step by phase"
-                             f"{_first_bars(len(shown))}.", plots.time_png, [s[0] for s in shown],
-                             [s[1] for s in shown]),
-                      _table(["profile", "phase", "ms (median)", "share"], rows)])
+        if rate:
+            rows.append([lab, "throughput (per device)", _Num(rate), ""])
+    caption = ("Median time per optimizer step by phase, each bar labelled with the configuration it was measured "
+               "on. Profile bars are `trainfit profile`'s medians over its profiled steps; the train bar is the median "
+               "over the steps train logged in metrics.jsonl. A bar measured on a different configuration says so in "
+               f"red: its times are not comparable with the others{_first_bars(len(shown))}.")
+    return "\n".join(["<h2>Step time</h2>", *lines,
+                      _chart(notes, "step time breakdown", caption, plots.time_png, [s[1] for s in shown],
+                             [s[2] for s in shown], marks),
+                      _table(["measured by", "phase", "ms (median)", "share"], rows)])
 
 
 def _list(items) -> _Raw:
@@ -147,14 +249,20 @@ def _list(items) -> _Raw:
 def _plan_section(art: RunArtifacts) -> str:
     out = []
     header = ["precision", "micro_batch", "accumulation", "checkpointing", "strategy", "grad_sync",
-              "peak MiB per device", "step_s", "scaling_efficiency", "fits", "compute_s", "exposed_comm_s", "reasons"]
+              "peak per device", "step time", "scaling efficiency", "fits", "compute", "exposed comm", "vs the run",
+              "reasons"]
     for plan in art.plan:
-        out.append(f"<p>{_e(plan.model)}: global batch {plan.global_batch} on {plan.devices} device(s) of "
-                   f"{_e(fmt_bytes(plan.device_memory_bytes))}; basis {_e(plan.basis)}; {plan.candidates} "
-                   f"candidates, {len(plan.plans)} shown</p>")
+        out.append(f"<p>{_e(plan.model)}: global batch {_e(fmt_num(plan.global_batch))} on "
+                   f"{_e(fmt_num(plan.devices))} device(s) of {_e(fmt_bytes(plan.device_memory_bytes))}; basis "
+                   f"{_e(plan.basis)}; {_e(fmt_num(plan.candidates))} candidates, {len(plan.plans)} shown. Each row "
+                   "is a configuration planned, not measured; the row names its levers, and 'vs the run' what differs "
+                   "from the run's config.toml.</p>")
         out.append(_table(header, [[r.precision, r.micro_batch, r.accumulation, r.checkpointing, r.strategy,
-                                    r.grad_sync, r.peak_bytes_per_device / 2**20, r.step_s, r.scaling_efficiency,
-                                    r.fits, r.compute_s, r.exposed_comm_s, _list(r.reasons)] for r in plan.plans]))
+                                    r.grad_sync, _bytes(r.peak_bytes_per_device), _Num(fmt_seconds(r.step_s)),
+                                    _Num(fmt_share(r.scaling_efficiency)), r.fits, _Num(fmt_seconds(r.compute_s)),
+                                    _Num(fmt_seconds(r.exposed_comm_s)),
+                                    _vs_run(plan_setup(r, plan.devices), art.setup), _list(r.reasons)]
+                                   for r in plan.plans]))
     return "<h2>Plan</h2>\n" + "\n".join(out) if out else ""
 
 
@@ -163,15 +271,20 @@ def _verify_section(art: RunArtifacts) -> str:
         return ""
     header = ["precision", "strategy", "micro_batch", "accumulation", "world_size", "global_batch", "grad_cosine",
               "grad_rel_error", "grad_norm_ratio", "update_max_rel_error", "skipped_steps", "fp16_underflow_frac",
-              "loss_scale", "passed", "tolerance", "causes"]
+              "loss_scale", "passed", "tolerance", "vs the run", "causes"]
+    setups = [verify_setup(r) for r in art.verify]
+    lines = [_setup_line(f"verify {i + 1}", su, art.setup) for i, su in enumerate(setups)]
     # as precise as `trainfit verify` prints them: a cosine of 0.99998 must not read as 1
     rows = [[r.precision, r.strategy, r.micro_batch, r.accumulation, r.world_size, r.global_batch,
-             f"{r.grad_cosine:.8f}", f"{r.grad_rel_error:.3e}", f"{r.grad_norm_ratio:.6g}",
-             f"{r.update_max_rel_error:.3e}", r.skipped_steps, f"{r.fp16_underflow_frac:.2%}", r.loss_scale, r.passed, _list([f"cosine >= {r.tolerance.min_cosine}",
-                                            f"gradient error <= {r.tolerance.max_grad_rel_error}",
-                                            f"update error <= {r.tolerance.max_update_rel_error}"]),
-             _list(r.causes)] for r in art.verify]
-    return "<h2>Verify</h2>\n" + _table(header, rows)
+             _Num(f"{r.grad_cosine:.8f}" if math.isfinite(r.grad_cosine) else fmt_num(r.grad_cosine)),
+             _Num(fmt_num(r.grad_rel_error)), _Num(fmt_num(r.grad_norm_ratio, digits=6)),
+             _Num(fmt_num(r.update_max_rel_error)), r.skipped_steps, _Num(fmt_share(r.fp16_underflow_frac)),
+             r.loss_scale, r.passed,
+             _list([f"cosine >= {fmt_num(r.tolerance.min_cosine, digits=8)}",
+                    f"gradient error <= {fmt_num(r.tolerance.max_grad_rel_error)}",
+                    f"update error <= {fmt_num(r.tolerance.max_update_rel_error)}"]),
+             _vs_run(su, art.setup), _list(r.causes)] for r, su in zip(art.verify, setups)]
+    return "<h2>Verify</h2>\n" + "\n".join(lines) + "\n" + _table(header, rows)
 
 
 PAGE_START = "<!doctype html><html lang=en><head><meta charset=utf-8>\n<title>trainfit report: "
@@ -191,6 +304,9 @@ def render_with_notes(art: RunArtifacts) -> tuple[str, list[str]]:
         PAGE_START.split("\n")[0],
         f"<title>trainfit report: {_e(art.run_dir)}</title><style>{CSS}</style></head><body>",
         f"<h1>trainfit report</h1><p>Run directory: <code>{_e(art.run_dir)}</code></p>",
+        (f'<p class="cfg">The run\'s configuration (config.toml): {_e(art.setup.describe())}. Each section below '
+         "names the configuration it was measured on, and says so when that is not this one.</p>" if art.setup else
+         '<p class="cfg">No readable config.toml: each section names the configuration its own file recorded.</p>'),
         _loss_section(art, notes), _memory_section(art, notes), _time_section(art, notes), _plan_section(art),
         _verify_section(art),
     ]
@@ -200,7 +316,8 @@ def render_with_notes(art: RunArtifacts) -> tuple[str, list[str]]:
     if advice:
         parts.append("<h2>Advice</h2><ol>" + "".join(f"<li><b>{_e(s)}</b>: {_e(t)}</li>" for s, t in advice) + "</ol>")
     if art.config:
-        parts.append(f"<h2>Configuration</h2><pre>{_e(art.config)}</pre>")
+        parts.append("<h2>Configuration</h2><p class=\"cfg\">config.toml as train wrote it: the run's configuration, "
+                     f"which every section above is compared with.</p><pre>{_e(art.config)}</pre>")
     if notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f'<li class="note">{_e(n)}</li>' for n in notes) + "</ul>")
     parts.append("</body></html>")

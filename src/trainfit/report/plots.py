@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trainfit.errors import ConfigError
 from trainfit.report.data import LossSeries
+from trainfit.report.numbers import fmt_ms, fmt_num, tick_formatter
 from trainfit.results import MemoryReport, ProfileReport
 from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PART_LABELS, PARTS
@@ -99,6 +100,8 @@ def loss_png(s: LossSeries) -> bytes:
                        label=f"skipped step ({len(s.skipped)})")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
+        _people_axes(ax)
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
         return _png(fig)
@@ -118,63 +121,125 @@ def loss_scale_png(s: LossSeries) -> bytes:
             ax.set_yscale("log", base=2)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss scale")
+        _people_axes(ax)
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
         return _png(fig)
 
 
-def _bars_height(n: int) -> tuple[float, float]:
-    return SIZE_IN[0], max(2.2, 0.9 + 0.55 * n)
+def _people_axes(ax, x_unit: str = "", y_unit: str = "") -> None:
+    """Both axes' ticks written for people: thousands separators, no ``1e4`` offset or ``e`` notation."""
+    ax.xaxis.set_major_formatter(tick_formatter(x_unit))
+    ax.yaxis.set_major_formatter(tick_formatter(y_unit))
+    ax.xaxis.set_minor_formatter(tick_formatter(x_unit) if ax.get_xscale() == "log" else "")
+    ax.yaxis.set_minor_formatter("")
 
 
-def memory_png(labels: list[str], parts: list[dict[str, int]], peaks: list[int | None]) -> bytes:
-    """Stacked bars of the parts (MiB) per configuration (the first :data:`MAX_BARS`); a black tick at the
-    measured peak. A value that is not a finite size is drawn as 0."""
+def _integer_steps(ax) -> None:
+    from matplotlib.ticker import MaxNLocator  # with matplotlib, which _plt() has loaded
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+MARK_COLOR = "#B22222"
+"""The colour of a bar's note that it was measured on another configuration than the run's."""
+
+
+ROW = 2.2
+"""Data units between two bars that carry their labels above them (the bar is 0.8 high)."""
+
+
+def _rows_size(n: int) -> tuple[float, float]:
+    return SIZE_IN[0], max(2.6, 1.3 + 1.0 * n)
+
+
+def _bar_labels(ax, ys: list[float], labels: list[str], marks: list[str]) -> None:
+    """Each bar's label (up to two lines) above it, over the whole width, and its mark in red below it; no
+    y ticks (a long configuration needs the width a tick label would squeeze the bars out of)."""
+    at = ax.get_yaxis_transform()  # x in axes fraction, y in data
+    for y, lab, mark in zip(ys, labels, marks):
+        ax.text(0.005, y - 0.45, "\n".join(_label(line, 110) for line in str(lab).split("\n")[:2]),
+                transform=at, fontsize=7.5, va="bottom", ha="left", linespacing=1.3)
+        if mark:
+            ax.text(0.005, y + 0.45, _label(mark, 110), transform=at, fontsize=7.5, va="top", ha="left",
+                    color=MARK_COLOR, fontweight="bold")
+    ax.set_yticks([])
+    ax.set_ylim(ys[-1] + 1.1 if ys else 1.0, -1.6)
+
+
+def _bytes_unit(top: float) -> tuple[str, float]:
+    """The binary unit a bytes axis reads best in, for its largest value."""
+    for unit, size in (("TiB", 2.0**40), ("GiB", 2.0**30)):
+        if top >= size:
+            return unit, size
+    return "MiB", 2.0**20
+
+
+def memory_png(labels: list[str], parts: list[dict[str, int]], peaks: list[int | None],
+               marks: list[str] | None = None) -> bytes:
+    """Stacked bars of the parts per configuration (the first :data:`MAX_BARS`); a black tick at the measured
+    peak, and its size beside it. ``marks`` (one per bar, "" for none) is drawn in red under a bar's label: the
+    bar was measured on another configuration than the run's. A value that is not a finite size is drawn as 0."""
     plt = _plt()
     labels, parts, peaks = labels[:MAX_BARS], parts[:MAX_BARS], peaks[:MAX_BARS]
-    mib = 2.0**20
-    ys = list(range(len(labels)))
+    marks = (list(marks or []) + [""] * len(labels))[:len(labels)]
+    sizes = [_plottable(x, nonnegative=True) for p in parts for x in p.values()]
+    sizes += [_plottable(pk, positive=True) for pk in peaks if pk]
+    unit, size = _bytes_unit(max([v for v in sizes if math.isfinite(v)] + [1.0]))
+    ys = [ROW * i for i in range(len(labels))]
     with _quiet():
-        fig, ax = plt.subplots(figsize=_bars_height(len(labels)))
+        fig, ax = plt.subplots(figsize=_rows_size(len(labels)))
         left = [0.0] * len(labels)
         for name in parts[0]:
-            vals = [_plottable(p.get(name, 0) / mib, nonnegative=True) for p in parts]
+            vals = [_plottable(p.get(name, 0) / size, nonnegative=True) for p in parts]
             vals = [v if math.isfinite(v) else 0.0 for v in vals]
-            ax.barh(ys, vals, left=left, color=COLORS.get(name), label=name)
+            ax.barh(ys, vals, left=left, color=COLORS.get(name), label=name, height=0.8)
             left = [a + b for a, b in zip(left, vals)]
         first = True
         for i, pk in enumerate(peaks):
-            x = _plottable(pk / mib, positive=True) if pk else math.nan
+            x = _plottable(pk / size, positive=True) if pk else math.nan
             if math.isfinite(x):
-                ax.plot([x] * 2, [i - 0.4, i + 0.4], color="black", lw=2, label="peak" if first else None)
+                y = ys[i]
+                ax.plot([x] * 2, [y - 0.4, y + 0.4], color="black", lw=2, label="peak" if first else None)
+                ax.annotate(f" peak {fmt_bytes(pk)}", (x, y), va="center", fontsize=8)
                 first = False
-        ax.set_yticks(ys, [_label(lab) for lab in labels])
-        ax.invert_yaxis()
-        ax.set_xlabel("MiB (largest live bytes of each part during one step)")
+        _bar_labels(ax, ys, labels, marks)
+        ax.set_xlabel(f"{unit} (largest live bytes of each part during one step)")
+        ax.xaxis.set_major_formatter(tick_formatter())
+        ax.margins(x=0.2)
+        ax.set_xlim(left=0)
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
         return _png(fig)
 
 
-def time_png(labels: list[str], parts: list[dict[str, float]]) -> bytes:
-    """Stacked bars of the median step time (ms) by phase per profile (the first :data:`MAX_BARS`); a time
-    that is not a finite, non-negative number is drawn as 0."""
+def time_png(labels: list[str], parts: list[dict[str, float]], marks: list[str] | None = None) -> bytes:
+    """Stacked bars of the median step time (ms) by phase per profile (the first :data:`MAX_BARS`), each
+    labelled above with what measured it and on which configuration (``labels``), its total at its end, and
+    ``marks`` (one per bar, "" for none) in red: the bar was measured on another configuration, so it does not
+    compare with the others. A time that is not a finite, non-negative number is drawn as 0."""
     plt = _plt()
     labels, parts = labels[:MAX_BARS], parts[:MAX_BARS]
-    ys = list(range(len(labels)))
+    marks = (list(marks or []) + [""] * len(labels))[:len(labels)]
+    ys = [ROW * i for i in range(len(labels))]
     with _quiet():
-        fig, ax = plt.subplots(figsize=_bars_height(len(labels)))
+        fig, ax = plt.subplots(figsize=_rows_size(len(labels)))
         names = [n for n in ("data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer", "rest")
                  if any(n in p for p in parts)]
         left = [0.0] * len(labels)
         for name in names:
             vals = [_plottable(p.get(name, 0.0) * 1e3, nonnegative=True) for p in parts]
             vals = [v if math.isfinite(v) else 0.0 for v in vals]
-            ax.barh(ys, vals, left=left, color=COLORS.get(name), label=name)
+            ax.barh(ys, vals, left=left, color=COLORS.get(name), label=name, height=0.8)
             left = [a + b for a, b in zip(left, vals)]
-        ax.set_yticks(ys, [_label(lab) for lab in labels])
-        ax.invert_yaxis()
+        for y, total in zip(ys, left):
+            ax.annotate(f" {fmt_ms(total / 1e3)}", (total, y), va="center", fontsize=8)
+        _bar_labels(ax, ys, labels, marks)
         ax.set_xlabel("ms per optimizer step (median)")
+        ax.xaxis.set_major_formatter(tick_formatter())
+        ax.margins(x=0.18)
+        ax.set_xlim(left=0)
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
         return _png(fig)
