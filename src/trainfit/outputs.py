@@ -68,9 +68,9 @@ def check_run_dir(run_dir: str | os.PathLike, field: str = "run_dir") -> Path:
     return p
 
 
-def claim_run_dir(run_dir: str | os.PathLike, field: str = "run_dir") -> Path:
-    """Check, then create the run directory and its marker; returns the path."""
-    p = check_run_dir(run_dir, field)
+def claim_run_dir(run_dir: str | os.PathLike, field: str = "run_dir", *, checked: bool = False) -> Path:
+    """Check (unless the caller has: ``checked``), then create the run directory and its marker."""
+    p = Path(run_dir) if checked else check_run_dir(run_dir, field)
     p.mkdir(parents=True, exist_ok=True)
     marker = p / MARKER
     if not marker.exists():

@@ -88,7 +88,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
 def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> Summary:
     st = run.strategy
     if st.rank == 0:
-        claim_run_dir(run_dir)
+        claim_run_dir(run_dir, checked=True)  # train() checked it (or found checkpoints to resume)
         (run_dir / "config.toml").write_text(dump_toml(cfg))
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
