@@ -49,8 +49,11 @@ def _in_range(field_name: str, text: object, n: int, allowed: str) -> int:
 
 
 def fmt_bytes(n: float) -> str:
-    """Binary units, 3 significant figures: 1.50 GiB."""
+    """Binary units, 3 significant figures: 1.50 GiB; from 1,000 of a unit up, whole units with thousands
+    separators (1,000 MiB, 2,048 TiB), never ``1e+03``."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
+            v = n / size
+            text = f"{v:.3g}"
+            return f"{v:,.0f} {unit}" if "e" in text else f"{text} {unit}"
     return f"{int(n)} B"

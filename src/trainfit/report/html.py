@@ -171,10 +171,10 @@ def _memory_section(art: RunArtifacts, notes: list[str]) -> str:
     peaks: list[int | None] = [r.peak_bytes for r in art.memory]
     marks = [_mark(su, art.setup) for su in setups]
     lines = [_setup_line(f"memory {i + 1} ({lab})", su, art.setup) for i, (lab, su) in enumerate(zip(labels, setups))]
-    rows = [[lab] + [_bytes(v) for v in p.values()] + [_bytes(r.peak_bytes), r.peak_phase, r.method,
-                                                       _vs_run(su, art.setup)]
+    rows = [[lab, _vs_run(su, art.setup)] + [_bytes(v) for v in p.values()] + [_bytes(r.peak_bytes), r.peak_phase,
+                                                                               r.method]
             for lab, p, r, su in zip(labels, parts, art.memory, setups)]
-    header = ["configuration"] + list(parts[0]) + ["peak", "peak phase", "method", "vs the run"]
+    header = ["configuration", "vs the run"] + list(parts[0]) + ["peak", "peak phase", "method"]
     return "\n".join(["<h2>Memory</h2>", *lines,
                       _chart(notes, "memory parts", "Largest live bytes of each part during one optimizer step; the "
                              "black tick is the peak (parts need not all be at their largest at the same moment); "
@@ -233,7 +233,7 @@ def _time_section(art: RunArtifacts, notes: list[str]) -> str:
         if rate:
             rows.append([lab, "throughput (per device)", _Num(rate), ""])
     caption = ("Median time per optimizer step by phase, each bar labelled with the configuration it was measured "
-               "on. Profile bars are `trainfit profile`'s medians over its profiled steps; the train bar is the median "
+               "on. Profile bars are trainfit profile's medians over its profiled steps; the train bar is the median "
                "over the steps train logged in metrics.jsonl. A bar measured on a different configuration says so in "
                f"red: its times are not comparable with the others{_first_bars(len(shown))}.")
     return "\n".join(["<h2>Step time</h2>", *lines,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainfit.errors import ConfigError
 from trainfit.report.data import LossSeries
-from trainfit.report.numbers import fmt_ms, fmt_num, tick_formatter
+from trainfit.report.numbers import fmt_ms, tick_formatter
 from trainfit.results import MemoryReport, ProfileReport
 from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PART_LABELS, PARTS
@@ -132,7 +132,7 @@ def _people_axes(ax, x_unit: str = "", y_unit: str = "") -> None:
     """Both axes' ticks written for people: thousands separators, no ``1e4`` offset or ``e`` notation."""
     ax.xaxis.set_major_formatter(tick_formatter(x_unit))
     ax.yaxis.set_major_formatter(tick_formatter(y_unit))
-    ax.xaxis.set_minor_formatter(tick_formatter(x_unit) if ax.get_xscale() == "log" else "")
+    ax.xaxis.set_minor_formatter("")
     ax.yaxis.set_minor_formatter("")
 
 
@@ -263,6 +263,7 @@ def plot_memory(report: MemoryReport, path: str | Path, *, budget_bytes: int | N
         ax.text(len(phases) - 0.5, budget_bytes / scale, f" budget {fmt_bytes(budget_bytes)}", va="bottom",
                 ha="right", fontsize=8)
     ax.set_ylabel(f"live memory at the phase's peak ({unit})")
+    ax.yaxis.set_major_formatter(tick_formatter())
     ax.set_title(f"{report.model} - {report.precision}, checkpointing={report.checkpointing}, "
                  f"micro-batch {report.batch} ({report.method})", fontsize=10)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
@@ -296,9 +297,10 @@ def plot_profile(report: ProfileReport, path: str) -> str:
     bottom = 0.0
     for name, label in _PART_NAMES.items():
         ms = report.phases[name] * 1e3
-        ax1.bar(["step"], [ms], bottom=bottom, color=COLORS.get(name), label=f"{label} {ms:,.1f} ms")
+        ax1.bar(["step"], [ms], bottom=bottom, color=COLORS.get(name), label=f"{label} {fmt_ms(ms / 1e3)}")
         bottom += ms
     ax1.set_ylabel("median time per optimizer step (ms)")
+    ax1.yaxis.set_major_formatter(tick_formatter())
     ax1.set_title(f"bottleneck: {report.bottleneck}")
     ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
@@ -311,6 +313,7 @@ def plot_profile(report: ProfileReport, path: str) -> str:
             ax2.plot([p["n"] for p in c["points"]], [p["speedup"] for p in c["points"]], marker="o", label=name)
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log", base=2)
+        _people_axes(ax2)
         ax2.set_xlabel("devices")
         ax2.set_ylabel("predicted speed-up")
         ax2.set_title(f"{sc['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s link", fontsize=9)
