@@ -135,7 +135,7 @@ def test_auto_micro_batch_refused():
 
 KEYS = {"precision", "strategy", "micro_batch", "accumulation", "world_size", "global_batch", "grad_cosine",
         "grad_rel_error", "grad_norm_ratio", "update_max_rel_error", "skipped_steps", "fp16_underflow_frac",
-        "loss_scale", "tolerance", "passed", "causes"}
+        "loss_scale", "tolerance", "passed", "causes", "checkpointing"}
 
 
 def test_cli_json_and_exit_codes(capsys, monkeypatch, tmp_path):

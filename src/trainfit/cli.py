@@ -96,7 +96,7 @@ def _run_dir_config(args: argparse.Namespace) -> dict[str, Any]:
     if not (path.is_file() and owns(args.run_dir)):
         return {}
     values = load_toml(path)
-    flagged = [k for k in RUN_FLAGS if getattr(args, k, None) is not None and k != "run_dir"
+    flagged = [k for k in RUN_FLAGS if getattr(args, k, None) is not None and k not in ("run_dir", "steps")
                and str(getattr(args, k)) != str(values.get(k))]
     extra = ("; flags override " + ", ".join(f"{k}={getattr(args, k)}" for k in flagged)) if flagged else ""
     print(f"trainfit: using the configuration of {path}{extra}", file=sys.stderr)
