@@ -292,6 +292,11 @@ def _compute_s(run: Run, host: list) -> float:
     return row["step_s"] - row["data_wait_s"]
 
 
+WARMUP_CLEAR = 4.0
+"""A candidate whose one warm-up micro-batch takes this many times the chosen precision's steady time per
+micro-batch is taken as not faster without full steps (eager warm-ups here run 1-2x a steady step)."""
+
+
 def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], str]:
     """({precision: median step seconds}, how) for the chosen precision and each candidate.
 
@@ -326,6 +331,15 @@ def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], s
         other = None
         try:
             other = build_run(dataclasses.replace(cfg, precision=p), strategy=st)
+            # A first warm-up on one micro-batch: when even that takes WARMUP_CLEAR x the chosen precision's time
+            # per micro-batch, the candidate is not faster (a warm-up is at most a few times a steady step), so
+            # its full steps -- tens of times slower where a dtype has no fast kernel -- are not run.
+            mine_first = _compute_s(run, host) / len(host)
+            warm = _compute_s(other, host[:1])
+            if warm > WARMUP_CLEAR * mine_first:  # not timed further: no steady time to report for it
+                notes.append(f"{p}: its warm-up micro-batch took {warm * 1e3:,.0f} ms, {warm / mine_first:,.0f}x "
+                             f"{chosen}'s steady time per micro-batch, so it is not faster; no full step run")
+                continue
             for _ in range(PRECISION_WARMUP):
                 _compute_s(other, host)
             pair_mine, pair_other = [], []
