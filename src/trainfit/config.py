@@ -115,15 +115,11 @@ class RunConfig:
         check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
         check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=True)
         check_int("steps", self.steps, minimum=1)
-        check_int("seed", self.seed, minimum=0)
-        if self.seed > MAX_SEED:
-            raise ConfigError("seed", self.seed, f"an integer in [0, {MAX_SEED}]",
-                              "seeds feed torch and numpy generators, whose seeds are 32-bit here")
+        check_int("seed", self.seed, minimum=0, maximum=MAX_SEED,
+                  fix="seeds feed torch and numpy generators, whose seeds are 32-bit here")
         check_int("dataset_size", self.dataset_size, minimum=1)
-        check_int("loader_workers", self.loader_workers, minimum=0)
-        if self.loader_workers > MAX_WORKERS:
-            raise ConfigError("loader_workers", self.loader_workers, f"an integer in [0, {MAX_WORKERS}]",
-                              f"this machine has {os.cpu_count()} CPUs; each worker is a process")
+        check_int("loader_workers", self.loader_workers, minimum=0, maximum=MAX_WORKERS,
+                  fix=f"this machine has {os.cpu_count()} CPUs; each worker is a process")
         check_int("checkpoint_every", self.checkpoint_every, minimum=0)
         check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
         check_int("max_consecutive_skips", self.max_consecutive_skips, minimum=1)

@@ -48,9 +48,12 @@ def check_choice(field: str, value: object, allowed: Iterable[str]) -> None:
         raise ConfigError(field, value, allowed)
 
 
-def check_int(field: str, value: object, *, minimum: int) -> None:
+def check_int(field: str, value: object, *, minimum: int, maximum: int | None = None, fix: str = "") -> None:
+    """An integer >= ``minimum`` (and, when given, <= ``maximum``; ``fix`` says why the bound is there)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(field, value, f"an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(field, value, f"an integer in [{minimum}, {maximum}]", fix)
 
 
 def check_number(field: str, value: object, *, minimum: float, inclusive: bool = False) -> None:

@@ -130,10 +130,15 @@ def json_safe(obj: Any) -> tuple[Any, list[str]]:
     return walk(obj, ""), replaced
 
 
-def dumps_json(obj: Any, **kw: Any) -> str:
-    """Strict JSON (no NaN/Infinity tokens): non-finite numbers become null and are listed under
-    ``"non_finite"`` (e.g. ``["final_loss=nan"]``) so a reader knows why a value is missing."""
+def mark_non_finite(obj: Any) -> Any:
+    """``obj`` made JSON-safe (:func:`json_safe`); a dict also lists what was replaced under ``"non_finite"``
+    (e.g. ``["final_loss=nan"]``) so a reader knows why a value is missing."""
     safe, replaced = json_safe(obj)
     if replaced and isinstance(safe, dict):
         safe["non_finite"] = replaced
-    return json.dumps(safe, allow_nan=False, default=str, **kw)
+    return safe
+
+
+def dumps_json(obj: Any, **kw: Any) -> str:
+    """Strict JSON (no NaN/Infinity tokens) of :func:`mark_non_finite` ``(obj)``."""
+    return json.dumps(mark_non_finite(obj), allow_nan=False, default=str, **kw)

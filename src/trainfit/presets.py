@@ -57,10 +57,8 @@ class CNNConfig:
     def __post_init__(self) -> None:
         check_int("model_config.channels", self.channels, minimum=1)
         # One class would make the cross-entropy identically 0: no gradient, nothing to learn.
-        check_int("model_config.n_classes", self.n_classes, minimum=2)
-        if self.n_classes > CNN_MAX_CLASSES:
-            raise ConfigError("model_config.n_classes", self.n_classes, f"an integer in [2, {CNN_MAX_CLASSES}]",
-                              "the generated images keep one template per class")
+        check_int("model_config.n_classes", self.n_classes, minimum=2, maximum=CNN_MAX_CLASSES,
+                  fix="the generated images keep one template per class")
 
 
 GPT_PRESETS = {

@@ -71,18 +71,30 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
         if start >= cfg.steps:
             raise ConfigError("steps", cfg.steps, f"an integer > {start}, the step the checkpoint reached",
                               f"{run_dir} is already at step {start}; pass --steps N with N > {start} to train on")
-    elif has_checkpoints(run_dir):
-        raise ConfigError("run_dir", str(run_dir), "a directory without checkpoints",
-                          "pass --resume to continue it, or choose a new --run-dir")
+    else:
+        refuse_checkpoints(run_dir)
     created = not run_dir.exists()
     try:
         return _loop(cfg, run, run_dir, start=start, auto=auto, progress=progress)
     except BaseException:
-        # A run that failed before its first step leaves nothing behind in a directory it created.
-        log = run_dir / "metrics.jsonl"
-        if st.rank == 0 and created and not has_checkpoints(run_dir) and not (log.is_file() and log.stat().st_size):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if st.rank == 0 and created:
+            remove_if_unstarted(run_dir)
         raise
+
+
+def refuse_checkpoints(run_dir: Path) -> None:
+    """A run that does not resume must not start over the checkpoints of another."""
+    if has_checkpoints(run_dir):
+        raise ConfigError("run_dir", str(run_dir), "a directory without checkpoints",
+                          "pass --resume to continue it, or choose a new --run-dir")
+
+
+def remove_if_unstarted(run_dir: Path) -> None:
+    """Remove a run directory this invocation created when the run failed before its first step (no checkpoint,
+    nothing logged): a refused run leaves nothing behind."""
+    log = run_dir / "metrics.jsonl"
+    if not has_checkpoints(run_dir) and not (log.is_file() and log.stat().st_size):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> Summary:

@@ -24,14 +24,6 @@ BASE = dict(comm_exposed_frac=0.0, h2d_frac=0.01, loader_workers=0, device_type=
             strategy="single", micro_batch=4, scaling_note="scale out with ddp: 2: 1.9x", device_label="this CPU")
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads per op on a loaded 2-core machine: erratic and slow
-    yield
-    torch.set_num_threads(before)
-
-
 def _profile(capsys, *flags) -> dict:
     assert main(["profile", *TINY, *flags]) == 0
     return json.loads(capsys.readouterr().out)

@@ -20,15 +20,6 @@ TINY = "n_layer=2,d_model=64,n_head=2"
 SLEEP_S = 0.025  # injected per micro-batch
 
 
-@pytest.fixture
-def one_thread():
-    # One thread: on a shared 2-core machine two threads per op make timings erratic.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def full_length(collate, T: int):
     """Pad every micro-batch to T tokens: fixed shapes (FLOPs by hand, one FLOP count)."""
 

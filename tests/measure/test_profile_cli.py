@@ -13,14 +13,6 @@ TINY = ["--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--mic
         "--accumulation", "2"]
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads per op on a loaded 2-core machine: erratic and slow
-    yield
-    torch.set_num_threads(before)
-
-
 def test_json_keys_plot_and_trace(tmp_path, capsys, one_thread):
     png, trace = tmp_path / "p.png", tmp_path / "trace"
     rc = main(["profile", *TINY, "--steps", "3", "--warmup", "1", "--no-batch-probe", "--json",

@@ -16,7 +16,7 @@ from trainfit.errors import ConfigError, TrainfitError
 from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
 from trainfit.plan.rules import Context
 from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
-from trainfit.outputs import check_output_file, check_run_dir, claim_run_dir, dumps_json
+from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.plan.shapes import PlannedModel, plan_model
 from trainfit.presets import MODEL_HELP
 from trainfit.probes.calibrate import (
@@ -257,8 +257,7 @@ def run(args) -> int:
     if toml_text is not None:
         write.write_text(toml_text)
     if args.report:
-        claim_run_dir(args.run_dir)
-        save_and_report(args.run_dir, "plan.json", out, report=True)
+        save_and_report(args.run_dir, "plan.json", out, report=True)  # claims the run dir checked above
     if args.json:
         print(text)
         return 0

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from trainfit.errors import ConfigError
-from trainfit.outputs import check_output_file, check_path_text, claim_run_dir, dumps_json, json_safe, owns
+from trainfit.outputs import check_output_file, check_path_text, claim_run_dir, dumps_json, mark_non_finite, owns
 from trainfit.report import write_report
 from trainfit.report.data import REPORT, read_docs, write_text_atomic
 from trainfit.report.html import PAGE_START, write_page
@@ -94,13 +94,7 @@ def save_and_report(run_dir, name: str, doc, *, report: bool, keep_others: tuple
 
 def _dumps_docs(docs: list) -> str:
     """A list of report objects as strict JSON, each object listing its own non-finite numbers."""
-    safe = []
-    for d in docs:
-        s, replaced = json_safe(d)
-        if replaced and isinstance(s, dict):
-            s["non_finite"] = replaced
-        safe.append(s)
-    return dumps_json(safe, indent=1)
+    return dumps_json([mark_non_finite(d) for d in docs], indent=1)
 
 
 def run_report(run_dir) -> None:

@@ -9,7 +9,6 @@ workers resume from the newest checkpoint by themselves.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
 from trainfit.strategies.compat import resolve_accumulation
 from trainfit.strategies.dist_checkpoint import has_checkpoints, list_dcp
-from trainfit.train import train
+from trainfit.train import refuse_checkpoints, remove_if_unstarted, train
 from trainfit.vocabulary import DISTRIBUTED, strategy_facts
 
 
@@ -51,9 +50,8 @@ def run(args) -> int:
         if not strategy_facts(cfg.strategy).distributed:  # refuse before starting N processes that would each refuse
             raise ConfigError("strategy", cfg.strategy, DISTRIBUTED,
                               f"--devices {cfg.devices} launches {cfg.devices} processes")
-        if args.max_restarts and not args.resume and has_checkpoints(cfg.run_dir):
-            raise ConfigError("run_dir", cfg.run_dir, "a directory without checkpoints",
-                              "pass --resume to continue it, or choose a new --run-dir")
+        if args.max_restarts and not args.resume:  # restarted workers would resume on their own
+            refuse_checkpoints(Path(cfg.run_dir))
         return _launch(cfg, args)
     resume = args.resume
     if env is not None:
@@ -99,10 +97,10 @@ def _launch(cfg, args) -> int:
         cfg = dataclasses.replace(cfg, accumulation=resolve_accumulation(
             global_batch=cfg.global_batch, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation,
             world_size=cfg.devices))
-    if not args.resume:
-        claim_run_dir(cfg.run_dir)  # refuses a directory of the user's own files before starting N processes
     run_dir = Path(cfg.run_dir)
-    created = not run_dir.exists() or not any(p.name not in (".trainfit-run",) for p in run_dir.iterdir())
+    created = not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir()))  # new, or empty
+    if not args.resume:
+        claim_run_dir(run_dir)  # refuses a directory of the user's own files before starting N processes
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "launch.toml").write_text(dump_toml(cfg))
     child = ["train", str(run_dir / "launch.toml"), *(["--resume"] if args.resume else []),
@@ -111,9 +109,8 @@ def _launch(cfg, args) -> int:
         launch.launch(cfg.devices, child, max_restarts=args.max_restarts)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        log = run_dir / "metrics.jsonl"
-        if created and not has_checkpoints(run_dir) and not (log.is_file() and log.stat().st_size):
-            shutil.rmtree(run_dir, ignore_errors=True)  # a launch refused by its workers leaves nothing behind
+        if created:
+            remove_if_unstarted(run_dir)  # a launch refused by its workers leaves nothing behind
         raise TrainfitError(f"train --devices {cfg.devices}: worker rank {rank} failed with exit code "
                             f"{failure.exitcode} (its error is printed above); checkpoints in {run_dir / 'checkpoints'}"
                             ) from None

@@ -98,13 +98,7 @@ def loss_png(s: LossSeries) -> bytes:
             ys = [at[k] if math.isfinite(at.get(k, math.nan)) else top for k in s.skipped]
             ax.scatter([float(k) for k in s.skipped], ys, marker="x", color="#C44E52", s=40, zorder=3,
                        label=f"skipped step ({len(s.skipped)})")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("loss")
-        _people_axes(ax)
-        _integer_steps(ax)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8)
-        return _png(fig)
+        return _per_step_png(fig, ax, "loss")
 
 
 def loss_scale_png(s: LossSeries) -> bytes:
@@ -119,13 +113,7 @@ def loss_scale_png(s: LossSeries) -> bytes:
             ax.axvline(float(k), color="#C44E52", alpha=0.35, lw=1, label="skipped step" if i == 0 else None)
         if any(math.isfinite(v) for v in scale):  # a log axis of nothing positive cannot be drawn
             ax.set_yscale("log", base=2)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("loss scale")
-        _people_axes(ax)
-        _integer_steps(ax)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8)
-        return _png(fig)
+        return _per_step_png(fig, ax, "loss scale")
 
 
 def _people_axes(ax, x_unit: str = "", y_unit: str = "") -> None:
@@ -134,6 +122,17 @@ def _people_axes(ax, x_unit: str = "", y_unit: str = "") -> None:
     ax.yaxis.set_major_formatter(tick_formatter(y_unit))
     ax.xaxis.set_minor_formatter("")
     ax.yaxis.set_minor_formatter("")
+
+
+def _per_step_png(fig, ax, ylabel: str) -> bytes:
+    """Finish a chart over optimizer steps (whole-step ticks, numbers for people, grid, legend) as PNG bytes."""
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    _people_axes(ax)
+    _integer_steps(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    return _png(fig)
 
 
 def _integer_steps(ax) -> None:
