@@ -61,6 +61,16 @@ class CNNConfig:
                   fix="the generated images keep one template per class")
 
 
+def check_kv_heads(heads: int, kv: int, given) -> None:
+    """Grouped-query attention: ``num_key_value_heads`` must divide ``num_attention_heads``; the refusal names
+    the key the user set (``given``: the keys of their ``--model-config``)."""
+    if heads % kv:
+        fix = "grouped-query attention shares each key/value head among a whole group of heads"
+        if "num_key_value_heads" in given or "num_attention_heads" not in given:
+            raise ConfigError("model_config.num_key_value_heads", kv, f"a divisor of num_attention_heads={heads}", fix)
+        raise ConfigError("model_config.num_attention_heads", heads, f"a multiple of num_key_value_heads={kv}", fix)
+
+
 GPT_PRESETS = {
     # ~3.3M parameters: trains visibly in a couple of minutes on 2 CPU cores.
     "gpt-tiny": GPTConfig(),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import ConfigError, check_int
-from trainfit.presets import GPT_PRESETS, GPTConfig, resolve_model
+from trainfit.presets import GPT_PRESETS, GPTConfig, check_kv_heads, resolve_model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,11 +315,7 @@ def _llama_shape(values: dict[str, object], *, given: set[str]) -> TransformerSh
         if "num_attention_heads" in given or "hidden_size" not in given:
             raise ConfigError("model_config.num_attention_heads", heads, f"a divisor of hidden_size={d}", fix)
         raise ConfigError("model_config.hidden_size", d, f"a multiple of num_attention_heads={heads}", fix)
-    if heads % kv:
-        fix = "grouped-query attention shares each key/value head among a whole group of heads"
-        if "num_key_value_heads" in given or "num_attention_heads" not in given:
-            raise ConfigError("model_config.num_key_value_heads", kv, f"a divisor of num_attention_heads={heads}", fix)
-        raise ConfigError("model_config.num_attention_heads", heads, f"a multiple of num_key_value_heads={kv}", fix)
+    check_kv_heads(heads, kv, given)
     width = head_dim if head_dim is not None else d // heads
     if width % 2:
         allowed = "a value giving an even attention head width (RoPE rotates pairs of dimensions)"

@@ -34,6 +34,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from trainfit.errors import ConfigError, ModelError, TrainfitError, check_int
+from trainfit.presets import check_kv_heads
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
 from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, check_token_rules, collate_tokens
@@ -254,11 +255,8 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
         raise ConfigError("model_config.num_labels", config.num_labels, "an integer >= 2",
                           "the generated samples are classified into num_labels classes")
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
-    if isinstance(heads, int) and isinstance(kv, int) and kv >= 1 and heads % kv:  # fails only in the forward
-        fix = "grouped-query attention shares each key/value head among a whole group of heads"
-        if "num_key_value_heads" in given or "num_attention_heads" not in given:
-            raise ConfigError("model_config.num_key_value_heads", kv, f"a divisor of num_attention_heads={heads}", fix)
-        raise ConfigError("model_config.num_attention_heads", heads, f"a multiple of num_key_value_heads={kv}", fix)
+    if isinstance(heads, int) and isinstance(kv, int) and kv >= 1:  # a mismatch fails only in the forward
+        check_kv_heads(heads, kv, given)
     max_pos = getattr(config, "max_position_embeddings", None)
     if kind != "image" and isinstance(max_pos, int) and seq_len > max_pos:
         raise ConfigError("seq_len", seq_len, f"at most max_position_embeddings={max_pos} of {arch}",
