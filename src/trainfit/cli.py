@@ -19,7 +19,16 @@ from trainfit.config import load_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
-from trainfit.vocabulary import CHECKPOINT_SPECS, PRECISIONS, STRATEGIES, GradSync, Optimizer, choices
+from trainfit.vocabulary import (
+    CHECKPOINT_SPECS,
+    PRECISIONS,
+    STRATEGIES,
+    GradSync,
+    LogSink,
+    Optimizer,
+    Schedule,
+    choices,
+)
 
 EXIT_USAGE = 2
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile")
@@ -56,6 +65,26 @@ RUN_FLAGS = {
     "checkpoint_every": "save a checkpoint every N optimizer steps",
     "loader_workers": "DataLoader worker processes",
     "memory_cap": "CPU stand-in for device memory, e.g. 2GiB",
+    "checkpoint_minutes": "also checkpoint when this many minutes passed since the last (default 30; 0: off)",
+    "data": "training data: text file, directory or glob of text files, .jsonl, .parquet, .csv, "
+            "or a `trainfit prepare` directory",
+    "text_field": "JSON Lines field / Parquet or CSV column holding the text (default text)",
+    "text_errors": "bytes that are not UTF-8: strict (refuse) or replace (U+FFFD)",
+    "tokenizer": "byte (default, nothing to download) or a directory holding a Hugging Face tokenizer.json",
+    "packing": "on: join documents with end-of-document and cut seq_len rows; off: one padded document per row",
+    "val_fraction": "fraction of the documents held out for validation",
+    "val_data": "validation data (any --data format)",
+    "init_from": "initialise the weights from a trainfit run directory",
+    "freeze": "comma-separated glob patterns of parameter names to freeze",
+    "lora": "LoRA adapters (peft): r=8,alpha=16,targets=q_proj,v_proj[,merge=true]",
+    "save_every": "also export RUN_DIR/model every N steps (always at the end)",
+    "schedule": "learning-rate schedule after warm-up: " + choices(Schedule),
+    "warmup_steps": "linear warm-up steps",
+    "min_lr": "learning rate the linear/cosine schedule ends at",
+    "weight_decay": "decoupled weight decay (not applied to biases, norms and embeddings)",
+    "eval_every": "validation loss every N steps and at the end",
+    "eval_batches": "micro-batches per rank per evaluation (0: all)",
+    "log": choices(LogSink) + " (metrics.jsonl is always written)",
 }
 
 

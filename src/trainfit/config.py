@@ -22,11 +22,15 @@ from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
     CheckpointPolicy,
     GradSync,
+    LogSink,
     Optimizer,
     PrecisionName,
+    Schedule,
     StrategyName,
+    TextErrors,
     check_compatible,
     parse_checkpoint_policy,
+    parse_lora,
 )
 
 MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
@@ -35,7 +39,8 @@ MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
 MAX_SEED = 2**32 - 1
 """Largest seed: torch accepts 64 bits, but numpy's legacy generators and offsets added per rank need 32."""
 
-_ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer}
+_ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer,
+          "schedule": Schedule, "log": LogSink, "text_errors": TextErrors}
 """Fields holding a typed name: validated against the vocabulary, then stored as the enum member."""
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +103,54 @@ class RunConfig:
     """Stop if the dynamic loss scale falls below this floor."""
     memory_cap: int = 0
     """Bytes; when > 0 the memory tracker raises out-of-memory above it (CPU stand-in for a device limit)."""
+    checkpoint_minutes: float = 30.0
+    """Also save a checkpoint when this many minutes passed since the last one (0: by steps only); whichever of
+    checkpoint_every and checkpoint_minutes comes first."""
+
+    # -- data from files (empty ``data``: the task's generated data) -------------------------------------------
+    data: str = ""
+    """Training data: a text file, a directory or glob of text files (one document per file), JSON Lines,
+    Parquet or CSV (one document per row), or a directory written by ``trainfit prepare``."""
+    text_field: str = "text"
+    """The field (JSON Lines) or column (Parquet, CSV) that holds each document's text."""
+    text_errors: TextErrors = TextErrors.STRICT
+    """Bytes that are not UTF-8 in a text file: "strict" refuses the file naming the offset, "replace" reads U+FFFD."""
+    tokenizer: str = "byte"
+    """"byte" (256 byte ids + an end-of-document id; nothing to download) or a directory with a Hugging Face
+    ``tokenizer.json``."""
+    packing: bool = True
+    """True: documents joined with an end-of-document token and cut into seq_len rows (pretraining); False: one
+    document per row, truncated to seq_len and padded, padding not counted by the loss (fine-tuning)."""
+    val_fraction: float = 0.0
+    """Fraction of the documents (the last ones) held out for validation."""
+    val_data: str = ""
+    """Validation data in any of ``data``'s formats (instead of val_fraction)."""
+
+    # -- weights ---------------------------------------------------------------------------------------------
+    init_from: str = ""
+    """A trainfit run directory whose newest checkpoint (or exported model) initialises the weights; the optimizer,
+    schedule and data order start fresh."""
+    freeze: str = ""
+    """Comma-separated glob patterns of parameter names to freeze (no gradient, no optimizer state)."""
+    lora: str = ""
+    """LoRA adapters through peft: r=8,alpha=16,targets=q_proj,v_proj[,dropout=0.05][,merge=true]; the base
+    weights are frozen."""
+    save_every: int = 0
+    """Also export the model to RUN_DIR/model every N steps (it is always exported at the end)."""
+
+    # -- schedule, evaluation, logs ----------------------------------------------------------------------------
+    schedule: Schedule = Schedule.CONSTANT
+    """Learning rate after warm-up: constant, linear (to min_lr at the last step) or cosine (to min_lr)."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from 0 to lr."""
+    min_lr: float = 0.0
+    """Learning rate the linear and cosine schedules end at."""
+    eval_every: int = 0
+    """Compute the validation loss every N optimizer steps and at the end (0: never); needs a validation split."""
+    eval_batches: int = 0
+    """Micro-batches per rank an evaluation reads (0: the whole validation split)."""
+    log: LogSink = LogSink.JSONL
+    """Also write the per-step metrics as TensorBoard event files (RUN_DIR/tensorboard); metrics.jsonl always."""
 
     def __post_init__(self) -> None:
         for key, enum in _ENUMS.items():  # a typed name: check, then store the member
@@ -134,6 +187,40 @@ class RunConfig:
         check_path_text("run_dir", self.run_dir)  # control characters / non-UTF-8 bytes cannot round-trip
         if not isinstance(self.checkpointing, CheckpointPolicy):
             raise ConfigError("checkpointing", self.checkpointing, "none, full, every:K, class:Name")
+        check_number("checkpoint_minutes", self.checkpoint_minutes, minimum=0.0, inclusive=True)
+        for key in ("data", "text_field", "tokenizer", "val_data", "init_from", "freeze", "lora"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(key, getattr(self, key), "a string")
+        for key in ("data", "val_data", "init_from", "tokenizer"):
+            if getattr(self, key):
+                check_path_text(key, getattr(self, key))
+        if not self.text_field.strip():
+            raise ConfigError("text_field", self.text_field, "a non-empty field or column name")
+        if not self.tokenizer.strip():
+            raise ConfigError("tokenizer", self.tokenizer, '"byte" or a directory holding tokenizer.json')
+        if not isinstance(self.packing, bool):
+            raise ConfigError("packing", self.packing, "on or off (true or false)")
+        check_number("val_fraction", self.val_fraction, minimum=0.0, inclusive=True)
+        if self.val_fraction >= 1.0:
+            raise ConfigError("val_fraction", self.val_fraction, "a number in [0, 1)")
+        if self.val_fraction and self.val_data:
+            raise ConfigError("val_data", self.val_data, "empty when val_fraction is set",
+                              "give --val-fraction or --val-data, not both")
+        if (self.val_fraction or self.val_data) and not self.data:
+            raise ConfigError("val_fraction" if self.val_fraction else "val_data",
+                              self.val_fraction or self.val_data, "a validation split of --data",
+                              "pass --data PATH; the generated data has no validation split")
+        parse_lora(self.lora)  # refuses a malformed spec, naming lora.<key>
+        check_int("save_every", self.save_every, minimum=0)
+        check_int("warmup_steps", self.warmup_steps, minimum=0)
+        check_number("min_lr", self.min_lr, minimum=0.0, inclusive=True)
+        if self.min_lr > self.lr:
+            raise ConfigError("min_lr", self.min_lr, f"a number <= lr={self.lr:g}")
+        check_int("eval_every", self.eval_every, minimum=0)
+        check_int("eval_batches", self.eval_batches, minimum=0)
+        if self.eval_every and not (self.val_fraction or self.val_data):
+            raise ConfigError("eval_every", self.eval_every, "0 without a validation split",
+                              "pass --val-fraction F or --val-data PATH to evaluate on")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (typed names as their strings): what TOML, JSON and checkpoints hold."""
@@ -157,6 +244,8 @@ def coerce(key: str, value: Any) -> Any:
         return value
     default = getattr(RunConfig(), key)
     if isinstance(default, bool):
+        if isinstance(value, str) and value.lower() in _BOOLS:
+            return _BOOLS[value.lower()]
         return value
     if isinstance(default, int) and isinstance(value, str):
         try:
@@ -170,6 +259,8 @@ def coerce(key: str, value: Any) -> Any:
             raise ConfigError(key, value, "a number") from None
     return value
 
+
+_BOOLS = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}
 
 ALIASES = {"nproc": "devices"}
 """Earlier names of config keys, still read (a config written by an older trainfit keeps working)."""

@@ -58,6 +58,101 @@ class Optimizer(StrEnum):
     SGD = "sgd"
 
 
+class Schedule(StrEnum):
+    """Learning-rate schedule after the linear warm-up (``levers/schedule.py``)."""
+
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
+class LogSink(StrEnum):
+    """Where per-step metrics go besides ``metrics.jsonl`` (always written)."""
+
+    JSONL = "jsonl"
+    TENSORBOARD = "tensorboard"
+
+
+class TextErrors(StrEnum):
+    """What reading a text file does with bytes that are not UTF-8."""
+
+    STRICT = "strict"
+    """Refuse the file, naming it and the byte offset."""
+    REPLACE = "replace"
+    """Decode them as U+FFFD (the byte tokenizer then sees its 3-byte UTF-8 encoding)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    """``--lora r=8,alpha=16,targets=q_proj,v_proj[,dropout=0.05][,merge=true]`` (LoRA through ``peft``)."""
+
+    r: int = 8
+    """Rank of the update."""
+    alpha: float = 16.0
+    """Scaling numerator: the update is scaled by alpha / r."""
+    targets: tuple[str, ...] = ()
+    """Module names (suffixes, as peft matches them) that get an adapter."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (0 keeps runs bitwise reproducible)."""
+    merge: bool = False
+    """Export the model with the adapters merged into the base weights (else the adapter alone)."""
+    spec: str = ""
+    """The text it was parsed from."""
+
+
+LORA_KEYS = ("r", "alpha", "targets", "dropout", "merge")
+
+
+def parse_lora(spec: str) -> LoraSpec | None:
+    """The LoRA spec text -> a :class:`LoraSpec` (None for ""). Names after ``targets=`` that hold no ``=``
+    are more targets: ``targets=q_proj,v_proj``."""
+    if not isinstance(spec, str):
+        raise ConfigError("lora", spec, "r=8,alpha=16,targets=q_proj,v_proj")
+    if not spec.strip():
+        return None
+    values: dict[str, object] = {}
+    targets: list[str] = []
+    last = ""
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if "=" not in part:
+            if last != "targets":
+                raise ConfigError("lora", spec, "key=value pairs of " + ", ".join(LORA_KEYS),
+                                  f"{part!r} has no '=' and does not follow targets=")
+            targets.append(part)
+            continue
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in LORA_KEYS:
+            raise ConfigError(f"lora.{key}", value, "a key of " + ", ".join(LORA_KEYS))
+        last = key
+        if key == "targets":
+            targets.extend(t for t in value.split("+") if t)
+            continue
+        try:
+            if key == "r":
+                values[key] = int(value)
+            elif key in ("alpha", "dropout"):
+                values[key] = float(value)
+            else:
+                values[key] = {"true": True, "false": False, "1": True, "0": False}[value.lower()]
+        except (ValueError, KeyError):
+            kind = {"r": "an integer", "merge": "true or false"}.get(key, "a number")
+            raise ConfigError(f"lora.{key}", value, kind) from None
+    if isinstance(values.get("r", 8), int) and values.get("r", 8) < 1:
+        raise ConfigError("lora.r", values["r"], "an integer >= 1")
+    if not 0.0 < float(values.get("alpha", 16.0)) < float("inf"):
+        raise ConfigError("lora.alpha", values["alpha"], "a finite number > 0")
+    if not 0.0 <= float(values.get("dropout", 0.0)) < 1.0:
+        raise ConfigError("lora.dropout", values["dropout"], "a number in [0, 1)")
+    if not targets:
+        raise ConfigError("lora.targets", "", "one or more module names, e.g. targets=q_proj,v_proj")
+    bad = [t for t in targets if not all(c.isalnum() or c in "_.*" for c in t)]
+    if bad:
+        raise ConfigError("lora.targets", bad[0], "module names (letters, digits, _ and .)")
+    return LoraSpec(targets=tuple(dict.fromkeys(targets)), spec=spec.strip(), **values)
+
+
 PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
 """The parts memory is split into, in display order."""
 
