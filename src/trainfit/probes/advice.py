@@ -7,6 +7,13 @@ with it, (c) another precision when the chosen one's steps are measurably slower
 needs no more memory, (d) only then communication and scale-out, with predicted speed-ups. Each
 item carries the measured figure that triggered it.
 
+Within the input pipeline, the fix for data read from text files comes first: a raw
+``--data`` job tokenizes each document in the loader (``raw-on-the-fly``: in ``__getitem__``, per
+micro-batch; ``raw-packed``: all of it when the run starts), so the cheapest cure is to tokenize once
+with ``trainfit prepare`` and read rows from its memory-mapped file (one read per micro-batch); only
+then more loader workers (their count from the CPUs, bounded by ``config.MAX_WORKERS``), then pinned
+memory on CUDA. Generated data has no file to prepare, so its advice starts at the workers.
+
 Why precision sits third: a slower precision is a per-device fix that costs nothing (the same
 devices, the same memory), so it comes before buying devices; but the input pipeline and the batch
 size are cheaper to check and usually the larger effect, so they come first.
@@ -17,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from trainfit.config import MAX_WORKERS
 from trainfit.errors import check_number
 from trainfit.vocabulary import PRECISIONS, Dtype, PrecisionName, precision_facts
 
@@ -74,6 +82,13 @@ class Findings:
     not probed."""
     device_label: str = ""
     """The device in words for the advice ("this CPU", "NVIDIA H200"); default: the device type."""
+    data_source: str = "generated"
+    """Where the task's rows come from (``GenericTask.data_source``): "generated", "prepared" (a
+    ``trainfit prepare`` memmap), "raw-packed" or "raw-on-the-fly" (text tokenized by the loader)."""
+    data: str = ""
+    """The ``--data`` path as given (named in the ``trainfit prepare`` advice)."""
+    cpu_count: int = 0
+    """CPUs of this machine (``os.cpu_count()``); 0: unknown (the worker count is then doubled)."""
 
 
 def bottleneck(f: Findings, t: Thresholds = Thresholds()) -> str:
@@ -87,8 +102,44 @@ def bottleneck(f: Findings, t: Thresholds = Thresholds()) -> str:
     return "compute"
 
 
+RAW_SOURCES = ("raw-on-the-fly", "raw-packed")
+"""Data sources whose text is tokenized by the run itself: ``trainfit prepare`` does it once instead."""
+
+MAX_SUGGESTED_WORKERS = 8
+"""Most loader workers the advice suggests: past a handful, each more worker mostly adds memory and start-up."""
+
+
+def suggested_workers(current: int, cpu_count: int) -> int:
+    """Loader workers to try: one per CPU left after the training process (at most
+    ``MAX_SUGGESTED_WORKERS``), at least one more than ``current``; doubled when the CPUs are unknown
+    or already all used; never above ``config.MAX_WORKERS`` (what a run may start)."""
+    spare = min(MAX_SUGGESTED_WORKERS, cpu_count - 1) if cpu_count > 1 else 0
+    n = spare if spare > current else max(2, 2 * current)
+    return max(1, min(n, MAX_WORKERS))
+
+
+def _prepare_advice(f: Findings, share: str) -> str:
+    data = f.data or "PATH"
+    how = ("tokenizes every document in the loader for each micro-batch" if f.data_source == "raw-on-the-fly"
+           else "tokenizes the whole text at start-up and keeps it in memory")
+    return (f"tokenize once with `trainfit prepare --data {data} --out DIR` and train on `--data DIR` "
+            f"(one read of a memory-mapped file per micro-batch); this run {how} ({f.data_source}); {share}")
+
+
 def _input_advice(f: Findings) -> list[dict]:
     share = f"data wait is {f.data_wait_frac:.0%} of the step"
+    if f.data_source in RAW_SOURCES:  # text files: prepare, then workers from the CPUs, then pinned memory
+        more = suggested_workers(f.loader_workers, f.cpu_count)
+        cpus = f"; {f.cpu_count} CPUs here" if f.cpu_count else ""
+        items = [_prepare_advice(f, share),
+                 f"then raise loader_workers from {f.loader_workers} to {more} (`--loader-workers {more}`{cpus}): "
+                 f"tokenizing then overlaps compute; {share}"]
+        items.append(f"pin host memory (DataLoader pin_memory=True) so host-to-device copies run asynchronously"
+                     f"{'' if f.device_type == 'cuda' else ' (applies on CUDA; this run is on ' + f.device_type + ')'}; "
+                     f"{share}, host-to-device {f.h2d_frac:.0%}")
+        kinds = ("prepare", "workers", "pin_memory")
+        return [{"kind": "input", "text": s, "data_wait_frac": f.data_wait_frac, "fix": k,
+                 **({"loader_workers": more} if k == "workers" else {})} for s, k in zip(items, kinds)]
     more = 2 if f.loader_workers == 0 else 2 * f.loader_workers
     items = [
         f"raise loader_workers from {f.loader_workers} to {more} (loading then overlaps compute); {share}",
@@ -97,9 +148,10 @@ def _input_advice(f: Findings) -> list[dict]:
         f"{share}, host-to-device {f.h2d_frac:.0%}",
         f"prefetch more batches per worker (DataLoader prefetch_factor, default 2); {share}",
         f"make per-sample transforms cheaper: precompute them once, or batch them on the device; {share}",
-        f"store samples in a format read in one operation (a memory-mapped array or packed shards, "
-        f"not one file per sample); {share}",
     ]
+    if f.data_source != "prepared":  # a prepared file is that format already
+        items.append(f"store samples in a format read in one operation (a memory-mapped array or packed shards, "
+                     f"not one file per sample); {share}")
     if f.loader_workers > 0:
         items.append(f"with workers on a busy host, each batch's tensors are handed over by file descriptor, "
                      f"which waits for the worker to be scheduled; torch.multiprocessing.set_sharing_strategy("

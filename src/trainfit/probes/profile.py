@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -173,6 +174,11 @@ def _batch_len(batch) -> int:
 def _spread(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
+
+
+def data_source(task) -> str:
+    """Where ``task``'s rows come from (``GenericTask.data_source``; "generated" for a task without files)."""
+    return str(getattr(task, "data_source", "generated"))
 
 
 def step_batches(run: Run, micro_batch: int, start_step: int = 0):
@@ -477,7 +483,8 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
                         batch_gain=gain, rate_unit=unit, rates=rates, suggested_micro_batch=suggested,
                         fit_note=fit_note, scaling_note=scaleout.scaling_note(scaling),
                         precision=str(cfg.precision), precision_times=precision_times,
-                        device_label=device_label(st.device))
+                        device_label=device_label(st.device), data_source=data_source(run.task),
+                        data=cfg.data, cpu_count=os.cpu_count() or 0)
     bottleneck, advice = advise(findings, options.thresholds)
     items_per_s = sum(r["count"] for r in rows) / total_s
     return ProfileReport(
