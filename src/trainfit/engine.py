@@ -86,3 +86,57 @@ def optimizer_step(
         stepped = precision.step(optimizer, model, finite)
         precision.zero_grad(optimizer, model)
     return StepResult(loss=loss, count=window.global_count, stepped=stepped, grad_norm=grad_norm, loss_scale=scale)
+
+
+def evaluate(
+    *,
+    model: nn.Module,
+    precision: Precision,
+    batches: Sequence,
+    loss_fn: LossFn,
+    strategy: Strategy | None = None,
+    filler: object | None = None,
+) -> tuple[float, int]:
+    """The validation loss of ``batches`` (this rank's share): ``(loss_sum, count)`` summed over all ranks.
+
+    Token-weighted: the caller's val loss is ``loss_sum / count``, the same number whatever the split of
+    the batches over ranks. No gradient, the run's autocast, the model in eval mode (dropout off, so
+    nothing draws from the RNG) and back in its previous mode afterwards.
+
+    Every rank runs the SAME number of forwards (FSDP2 gathers parameters inside each forward, so a rank
+    that stopped early would leave its peers waiting): the ranks agree on the largest share with one
+    all-reduce(MAX), and a rank with fewer batches repeats its last one (or ``filler``, when its share is
+    empty) and discards the result.
+
+    Args:
+        batches: this rank's micro-batches, already on the device.
+        filler: a batch to run (and discard) when this rank has none but a peer has some.
+
+    Returns:
+        ``(loss_sum, count)`` over every rank's batches (two all-reduces; one host-device sync).
+    """
+    strategy = strategy or _SINGLE
+    device = strategy.device
+    n = torch.tensor([len(batches)], dtype=torch.int64, device=device)
+    strategy.all_reduce_max(n)
+    forwards = int(n)  # host-device sync
+    if forwards > len(batches) and not batches and filler is None:
+        raise ValueError("evaluate: this rank has no batch to repeat; pass filler")
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # (loss_sum, count); float64: many batches
+    autocast = precision.autocast(device.type)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for i in range(forwards):
+                mb = batches[i] if i < len(batches) else (batches[-1] if batches else filler)
+                with autocast:
+                    loss_sum, count = loss_fn(model, mb)
+                if i < len(batches):  # a repeat only keeps the ranks in step; its loss is dropped
+                    totals[0] += loss_sum.detach().double()
+                    totals[1] += count
+    finally:
+        model.train(was_training)
+    strategy.all_reduce_sum(totals)
+    loss_sum, count = totals.tolist()  # host-device sync
+    return loss_sum, int(round(count))

@@ -1,6 +1,13 @@
-"""The training loop: build, (resume), step, log, checkpoint.
+"""The training loop: build, (resume), step, evaluate, log, checkpoint, export.
 
-Progress goes to stderr; ``metrics.jsonl`` in the run directory gets one line per step.
+    for each step: micro-batches -> run.step -> [evaluate every eval_every] -> log -> [checkpoint] -> [export]
+    at the end:    evaluate (eval_every > 0), checkpoint, export RUN_DIR/model
+
+Progress goes to stderr; ``metrics.jsonl`` in the run directory gets one line per step (and TensorBoard
+event files with ``--log tensorboard``, :mod:`trainfit.logs`). A checkpoint is written every
+``checkpoint_every`` steps or ``checkpoint_minutes`` minutes, whichever comes first, so a killed run loses
+little by default. Evaluation leaves the training RNG stream and data order untouched: a resumed run with
+evaluation on is bitwise the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -10,14 +17,17 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
-from trainfit.checkpoint import atomic_write_bytes
+import trainfit.logs as logs
+from trainfit.checkpoint import atomic_write_bytes, restore_rng, rng_state
 from trainfit.config import RunConfig, dump_toml
-from trainfit.engine import StepResult
+from trainfit.engine import StepResult, evaluate
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.levers.autofit import Fitter, resolve_auto
 from trainfit.meters.timers import PhaseTimer
@@ -26,6 +36,11 @@ from trainfit.run import Run, build_run
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import has_checkpoints
 from trainfit.tasks.base import to_device
+
+try:  # export.py is written beside this loop; until it lands the run exports nothing
+    from trainfit.export import export_model
+except ImportError:  # pragma: no cover - removed once trainfit.export exists
+    export_model = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +56,12 @@ class Summary:
     """What an item is: "tokens" or "samples"."""
     run_dir: str
     wall_s: float
+    val_loss: float | None = None
+    """Token-weighted validation loss at the last evaluation (None without ``eval_every``)."""
+    val_perplexity: float | None = None
+    """exp(val_loss)."""
+    model_dir: str | None = None
+    """Where the model was exported at the end (None when nothing was exported)."""
 
     def to_dict(self) -> dict:
         """The ``--json`` summary; the rate also under ``<unit>_per_s`` (``tokens_per_s`` or ``samples_per_s``)."""
@@ -54,6 +75,14 @@ def _progress(total: int, initial: int, enabled: bool):
 
 
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy: Strategy | None = None) -> Summary:
+    """Train ``cfg`` to ``cfg.steps``; with ``resume``, from the newest checkpoint in its run directory.
+
+    Raises:
+        CheckpointError: ``resume`` and no checkpoint to resume from.
+        ConfigError: bad settings (before any work), e.g. ``--log tensorboard`` without the package.
+        TrainingStopped: non-finite loss or an overflow storm; the last good checkpoint is kept.
+    """
+    logs.check_available(cfg.log)  # before any work: a missing optional package is one line
     strategy = strategy or make_strategy(cfg)
     run_dir = Path(cfg.run_dir)
     if strategy.rank == 0 and not (resume and has_checkpoints(run_dir)):  # (a run from before the marker resumes)
@@ -67,7 +96,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     if resume:
         start = run.load(run_dir)  # the newest checkpoint, one-file or sharded (these load into any strategy)
         if start is None:
-            raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume first")
+            raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume "
+                                  "first, or pass --resume auto to start fresh when there is none")
         if start >= cfg.steps:
             raise ConfigError("steps", cfg.steps, f"an integer > {start}, the step the checkpoint reached",
                               f"{run_dir} is already at step {start}; pass --steps N with N > {start} to train on")
@@ -99,6 +129,7 @@ def remove_if_unstarted(run_dir: Path) -> None:
 
 def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> Summary:
     st = run.strategy
+    val = _val_batches(cfg, run)  # before any step: a missing or empty split is refused first
     if st.rank == 0:
         claim_run_dir(run_dir, checked=True)  # train() checked it (or found checkpoints to resume)
         (run_dir / "config.toml").write_text(dump_toml(cfg))
@@ -109,15 +140,24 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
     if st.rank == 0:
         _trim_metrics(run_dir / "metrics.jsonl", start)
     metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
+    board = logs.open_log(cfg.log, run_dir, start=start, rank=st.rank)  # TensorBoard on rank 0, or nothing
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
     first_loss = math.nan
     res: StepResult | None = None
-    skipped = consecutive_skips = 0
+    last_val: dict = {}
+    skipped = consecutive_skips = 0  # this invocation's; the log's count is cumulative over resumes
+    skipped_before = _skipped_before(run_dir / "metrics.jsonl", start) if st.rank == 0 else 0
     items = 0
+    model_dir = None
+    cuda = st.device.type == "cuda"
     timer = PhaseTimer(st.device)  # per-step breakdown for metrics.jsonl (a few perf_counter calls)
-    t_start = time.perf_counter()
+    t_start = last_save = time.perf_counter()
     try:
         for step in range(start, cfg.steps):
+            done = step + 1
+            lr = _current_lr(run)  # the rate this step uses (a schedule moves it after the step)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(st.device)
             t0 = time.perf_counter()
             mbs = fit.micro_batches()  # blocks on the loader
             t1 = time.perf_counter()
@@ -133,30 +173,161 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
                 first_loss = res.loss
             rate = res.count / max(t2 - t0, 1e-9)
             data_frac = (t1 - t0) / max(t2 - t0, 1e-9)
+            record = {
+                "step": done, "loss": res.loss, "count": res.count, "stepped": res.stepped,
+                "skipped_steps": skipped_before + skipped, "lr": lr,
+                "loss_scale": res.loss_scale, "grad_norm": res.grad_norm, "step_s": t2 - t0,
+                "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
+                **{f"{k}_s": v for k, v in phases.items()},  # forward, backward[_sync], optimizer
+            }
+            if cuda:  # CPU has no allocator peak to read (the memory probe measures it there)
+                record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(st.device)
+            if val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+                last_val = _evaluate(run, val)
+                record.update(last_val)
             if metrics:
-                metrics.write(json.dumps({
-                    "step": step + 1, "loss": res.loss, "count": res.count, "stepped": res.stepped,
-                    "loss_scale": res.loss_scale, "grad_norm": res.grad_norm, "step_s": t2 - t0,
-                    "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
-                    **{f"{k}_s": v for k, v in phases.items()},  # forward, backward[_sync], optimizer
-                }) + "\n")
+                metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
-            bar.set_postfix_str(f"loss={res.loss:.4f} {run.task.unit}/s={rate:,.0f} data={data_frac:.0%} "
-                                f"scale={res.loss_scale:g}", refresh=False)
+            board.write(done, record)
+            shown = f" val={last_val['val_loss']:.4f}" if last_val else ""
+            bar.set_postfix_str(f"loss={res.loss:.4f}{shown} {run.task.unit}/s={rate:,.0f} data={data_frac:.0%} "
+                                f"scale={res.loss_scale:g} lr={lr:.3g}", refresh=False)
             bar.update(1)
-            done = step + 1
-            if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
+            by_time = _minutes_passed(cfg, st, time.perf_counter() - last_save)
+            if checkpoint_due(done, steps=cfg.steps, every=cfg.checkpoint_every, by_time=by_time):
                 run.save(done)
+                last_save = time.perf_counter()
+            if export_model is not None and (done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
+                model_dir = export_model(run, run_dir / "model")  # a collective: every rank calls it
     finally:
         fit.close()  # DataLoader workers stop here, not at the next garbage collection
         bar.close()
+        board.close()
         if metrics:
             metrics.close()
     wall = time.perf_counter() - t_start
     return Summary(steps=cfg.steps, final_loss=res.loss if res else math.nan, first_loss=first_loss,
                    skipped_steps=skipped, items_per_s=items / max(wall, 1e-9),
                    effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
-                   run_dir=str(run_dir), wall_s=wall)
+                   run_dir=str(run_dir), wall_s=wall, val_loss=last_val.get("val_loss"),
+                   val_perplexity=last_val.get("val_perplexity"),
+                   model_dir=str(model_dir) if model_dir is not None else None)
+
+
+# -- checkpoints by steps or by time -------------------------------------------------------------------------
+
+def checkpoint_due(done: int, *, steps: int, every: int, by_time: bool) -> bool:
+    """Whether to checkpoint after ``done`` steps (pure): every ``every`` steps, when ``by_time`` (the
+    checkpoint_minutes clock ran out), and always after the last step."""
+    return done == steps or by_time or bool(every and done % every == 0)
+
+
+def _minutes_passed(cfg: RunConfig, st: Strategy, since_s: float) -> bool:
+    """``checkpoint_minutes`` passed since the last checkpoint. Clocks differ between ranks, so with
+    several ranks rank 0 decides and the others follow (one all-reduce of one number per step, only when
+    the clock is on; on CUDA a host-device sync)."""
+    if not cfg.checkpoint_minutes:
+        return False
+    due = since_s >= cfg.checkpoint_minutes * 60
+    if st.world_size == 1:
+        return due
+    flag = torch.tensor([1.0 if (due and st.rank == 0) else 0.0], device=st.device)
+    st.all_reduce_max(flag)
+    return bool(flag.item())
+
+
+# -- evaluation ------------------------------------------------------------------------------------------------
+
+def val_index_batches(n: int, *, micro_batch: int, rank: int, world_size: int, limit: int = 0) -> list[list[int]]:
+    """This rank's validation micro-batches as index lists (pure): samples ``0..n-1`` in order, cut into
+    ``micro_batch`` rows, batch ``i`` to rank ``i % world_size``. Disjoint shares that cover the split once;
+    ``limit`` > 0 keeps each rank's first ``limit`` (the first ``limit x world_size`` batches overall)."""
+    cuts = [list(range(i, min(i + micro_batch, n))) for i in range(0, n, micro_batch)]
+    mine = cuts[rank::world_size]
+    return mine[:limit] if limit else mine
+
+
+class _LazyBatches(Sequence):
+    """Validation micro-batches collated and moved to the device when read (one in memory at a time)."""
+
+    def __init__(self, dataset, collate, index_lists: list[list[int]], device: torch.device) -> None:
+        self.dataset, self.collate, self.index_lists, self.device = dataset, collate, index_lists, device
+
+    def __len__(self) -> int:
+        return len(self.index_lists)
+
+    def __getitem__(self, i):
+        idx = self.index_lists[i]
+        return to_device(self.collate([self.dataset[j] for j in idx]), self.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Val:
+    batches: _LazyBatches
+    filler: _LazyBatches
+    """The split's first batch: run (and discarded) by a rank whose share is empty."""
+
+
+def _val_batches(cfg: RunConfig, run: Run) -> _Val | None:
+    """This rank's share of the validation split, or None when evaluation is off."""
+    if not cfg.eval_every:
+        return None
+    ds = getattr(run.task, "val_dataset", lambda: None)()
+    if ds is None:
+        raise ConfigError("eval_every", cfg.eval_every, "0 for a task without a validation split",
+                          "pass --val-fraction F or --val-data PATH with --data")
+    if len(ds) == 0:
+        raise ConfigError("eval_every", cfg.eval_every, "0 with an empty validation split",
+                          "raise --val-fraction or give --val-data with at least one document")
+    st = run.strategy
+    mine = val_index_batches(len(ds), micro_batch=cfg.micro_batch, rank=st.rank, world_size=st.world_size,
+                             limit=cfg.eval_batches)
+    first = val_index_batches(len(ds), micro_batch=cfg.micro_batch, rank=0, world_size=1, limit=1)
+    return _Val(batches=_LazyBatches(ds, run.task.collate, mine, st.device),
+                filler=_LazyBatches(ds, run.task.collate, first, st.device))
+
+
+def _evaluate(run: Run, val: _Val) -> dict:
+    """The validation metrics of the run now. The RNG is saved and restored around it, so a model that
+    draws random numbers even in eval mode leaves the training stream as it was (bitwise resume)."""
+    rng = rng_state(run.strategy.device)
+    try:
+        loss_sum, count = evaluate(model=run.model, precision=run.precision, batches=val.batches,
+                                   loss_fn=run.task.loss, strategy=run.strategy,
+                                   filler=None if len(val.batches) else val.filler[0])
+    finally:
+        restore_rng(rng, run.strategy.device)
+    loss = loss_sum / count if count else math.nan
+    return {"val_loss": loss, "val_perplexity": _exp(loss), "val_tokens": count}
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _current_lr(run: Run) -> float:
+    """The learning rate of the next optimizer step."""
+    current = getattr(run, "current_lr", None)
+    return float(current()) if callable(current) else float(run.optimizer.param_groups[0]["lr"])
+
+
+def _skipped_before(path: Path, start: int) -> int:
+    """Steps skipped up to ``start`` by the run being resumed (its log's last kept line), so the cumulative
+    count continues; 0 for a fresh run or an old log without the key."""
+    if not start or not path.is_file():
+        return 0
+    last = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            if rec["step"] <= start and isinstance(rec.get("skipped_steps"), int):
+                last = rec["skipped_steps"]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return last
 
 
 def _trim_metrics(path: Path, start: int) -> None:
