@@ -22,7 +22,7 @@ LAYERS = {
     "trainfit.meters": 2,
     "trainfit.levers": 3, "trainfit.strategies": 3,
     "trainfit.engine": 4,
-    "trainfit.run": 5,
+    "trainfit.run": 5, "trainfit.export": 5,
     "trainfit.train": 6, "trainfit.logs": 6,
     "trainfit.plan": 6,
     "trainfit.probes": 7,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from trainfit.checkpoint import check_resumable, restore_rng, rng_state
 from trainfit.config import RunConfig
@@ -23,20 +24,32 @@ from trainfit.engine import LossFn, StepResult, optimizer_step
 from trainfit.errors import CheckpointError, ConfigError
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
+from trainfit.levers.finetune import apply_lora, freeze, lora_block_names
+from trainfit.levers.param_groups import param_groups, summary
 from trainfit.levers.precision import Precision, make_precision
+from trainfit.levers.schedule import advance, make_scheduler, restore_scheduler
 from trainfit.meters.timers import NULL_TIMER, Timer
 from trainfit.strategies import Strategy, make_strategy
 from trainfit.tasks import Task, make_task
-from trainfit.vocabulary import Optimizer
+from trainfit.vocabulary import Optimizer, parse_lora
 
 
-def make_optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """The configured optimizer over ``params`` (torch's default implementation for the device)."""
+def make_optimizer(cfg: RunConfig, params: list[torch.Tensor], *, model: nn.Module | None = None
+                   ) -> torch.optim.Optimizer:
+    """The configured optimizer over ``params`` (torch's default implementation for the device).
+
+    With ``model`` (whose trainable parameters ``params`` are, in order -- or their master copies) and a
+    weight decay, the standard groups (:mod:`trainfit.levers.param_groups`): decay on weight matrices only,
+    none on biases, norm weights and embeddings. Without ``model`` every parameter decays (one group).
+    Adam takes no weight decay here (``weight_decay`` is AdamW's decoupled one, or SGD's).
+    """
+    decay = 0.0 if cfg.optimizer == Optimizer.ADAM else cfg.weight_decay
+    groups = param_groups(model, params, decay) if model is not None else params
     if cfg.optimizer == Optimizer.ADAMW:
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == Optimizer.ADAM:
-        return torch.optim.Adam(params, lr=cfg.lr)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(groups, lr=cfg.lr)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
 
 
 @dataclass
@@ -49,10 +62,14 @@ class Run:
     precision: Precision
     strategy: Strategy
     optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
+    """The learning-rate schedule (:mod:`trainfit.levers.schedule`), moved once per :meth:`step`."""
     checkpointed: list[str] = field(default_factory=list)
     """Blocks wrapped in activation checkpointing."""
     batchnorm: list[str] = field(default_factory=list)
     """BatchNorm modules (they see one micro-batch, not the accumulated batch)."""
+    frozen: list[str] = field(default_factory=list)
+    """Parameters ``--freeze`` froze (LoRA's frozen base weights are not listed)."""
 
     def step(self, micro_batches: Sequence, *, timer: Timer = NULL_TIMER, loss_fn: LossFn | None = None,
              strategy: Strategy | None = None) -> StepResult:
@@ -62,10 +79,22 @@ class Run:
         task's loss or the strategy's collectives from outside (memory labels phases, profile times
         collectives) -- the step itself is the training step.
         """
-        return optimizer_step(model=self.model, optimizer=self.optimizer, precision=self.precision,
-                              micro_batches=micro_batches, loss_fn=loss_fn or self.task.loss,
-                              count_fn=self.task.count, strategy=strategy or self.strategy,
-                              grad_clip=self.cfg.grad_clip, timer=timer)
+        res = optimizer_step(model=self.model, optimizer=self.optimizer, precision=self.precision,
+                             micro_batches=micro_batches, loss_fn=loss_fn or self.task.loss,
+                             count_fn=self.task.count, strategy=strategy or self.strategy,
+                             grad_clip=self.cfg.grad_clip, timer=timer)
+        # Only once the step returned (a step that raised, e.g. out-of-memory redone smaller by auto-fit, has
+        # not happened); skipped steps too: the schedule follows the loop's step count.
+        advance(self.scheduler, stepped=res.stepped)
+        return res
+
+    def current_lr(self) -> float:
+        """The learning rate the next :meth:`step` uses (the first group's; every group has the same)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def param_groups_summary(self) -> list[dict]:
+        """Per optimizer group: weight decay, tensors, elements (decayed matrices first when decay is on)."""
+        return summary(self.optimizer)
 
     def optimizer_params(self) -> list[torch.Tensor]:
         """What the optimizer updates (the fp32 master copies where the precision keeps them)."""
@@ -88,6 +117,7 @@ class Run:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
+            "schedule": self.scheduler.state_dict(),
             "rng": rng_state(self.strategy.device),
             "data": {"next_step": step},
         }
@@ -112,10 +142,16 @@ class Run:
                                   f"{str(e).splitlines()[0]}") from None
         try:
             restore_rng(state["rng"], self.strategy.device)
-            return int(state["data"]["next_step"])
+            next_step = int(state["data"]["next_step"])
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"checkpoint {path}: its random-number state or step is unreadable "
                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        try:  # absent from a checkpoint written before schedules: the schedule starts at next_step
+            restore_scheduler(self.scheduler, state.get("schedule"), next_step)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"checkpoint {path}: its learning-rate schedule state is unreadable "
+                                  f"({type(e).__name__}); resume from another checkpoint") from None
+        return next_step
 
 
 STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
@@ -130,13 +166,20 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     model = task.build_model()
     if not isinstance(model, nn.Module):
         raise ConfigError("model", cfg.model, "a factory returning a torch.nn.Module")
-    bn = warn_if_batchnorm(model, cfg.accumulation)
+    # Weights in, then what trains: on the model as the task built it, before any wrapping (names as its own).
     blocks = task.block_names(model)
+    frozen = freeze(model, cfg.freeze)
+    lora = parse_lora(cfg.lora)
+    if lora is not None:
+        model = apply_lora(model, lora)  # freezes every base weight; the adapters are what trains
+        blocks = lora_block_names(model, blocks)
+    bn = warn_if_batchnorm(model, cfg.accumulation)
     checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
     precision = make_precision(cfg.precision)
     precision.prepare(model)
     model = strategy.wrap(model, precision, blocks)
     # zero1: each rank keeps the state of its partition only; the other strategies return it as it is.
-    optimizer = strategy.shard_optimizer(make_optimizer(cfg, precision.optimizer_params(model)))
+    optimizer = strategy.shard_optimizer(make_optimizer(cfg, precision.optimizer_params(model), model=model))
     return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
-               checkpointed=checkpointed, batchnorm=bn)
+               scheduler=make_scheduler(optimizer, cfg),
+               checkpointed=checkpointed, batchnorm=bn, frozen=frozen)

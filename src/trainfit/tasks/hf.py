@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
@@ -199,6 +200,110 @@ def parse_hf_config(config_class, text: str, *, minimums: dict[str, int] | None 
         raise _transformers_error(e, values, config_class, config_class.__name__) from None
 
 
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def pretrained_dir(spec: str) -> Path | None:
+    """The directory an ``hf:`` spec names (it holds a path separator or names an existing directory), or
+    None for a class name. Absolute, so a LoRA export can name its base model from anywhere."""
+    if "/" in spec or "\\" in spec or spec.startswith(".") or Path(spec).is_dir():
+        return Path(spec).expanduser().resolve()
+    return None
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a ``save_pretrained`` directory (one file, or the shards its index names).
+
+    Raises:
+        ConfigError: no weights file, an index naming a missing shard, or a file safetensors cannot read
+            (its header is parsed here, before anything is built).
+    """
+    spec = f"hf:{directory}"
+    index = directory / WEIGHTS_INDEX
+    if (directory / WEIGHTS).is_file():
+        files = [directory / WEIGHTS]
+    elif index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError("model", spec, f"a readable {WEIGHTS_INDEX}",
+                              f"{index}: {type(e).__name__}: {e}") from None
+        files = [directory / s for s in shards]
+        for f in files:
+            if not f.is_file():
+                raise ConfigError("model", spec, f"every shard {WEIGHTS_INDEX} names", f"{f} is missing")
+    else:
+        raise ConfigError("model", spec, f"a directory holding {WEIGHTS} (or {WEIGHTS_INDEX} and its shards)",
+                          "save the model with save_pretrained(DIR) (safetensors is its default)")
+    from safetensors import safe_open  # lazy, like transformers: only hf:DIR reads safetensors
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                handle.keys()
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the file is unusable either way
+            raise ConfigError("model", spec, "readable safetensors weights",
+                              f"{f} is corrupt or truncated ({_one_line(e, 160)})") from None
+    return files
+
+
+def _pretrained_config(tf, directory: Path, model_config: str):
+    """(model class, config) of a ``save_pretrained`` directory, refused in one line where unusable."""
+    spec = f"hf:{directory}"
+    if model_config.strip():
+        raise ConfigError("model_config", model_config, "empty with hf:DIR",
+                          "a pretrained checkpoint's shape is fixed; drop --model-config")
+    if not directory.is_dir():
+        raise ConfigError("model", spec, "hf:DIR naming an existing directory, or hf:<a transformers model class>")
+    if not (directory / "config.json").is_file():
+        raise ConfigError("model", spec, "a directory holding config.json (as written by save_pretrained)")
+    try:
+        config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - JSON errors, an unknown model_type, ...: one line naming the file
+        if _is_resource_error(e):
+            raise
+        raise ConfigError("model", spec, "a config.json transformers can read",
+                          f"{directory / 'config.json'}: {_one_line(e, 160)}") from None
+    archs = getattr(config, "architectures", None)
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        raise ConfigError("model", spec, 'a config.json naming its class in "architectures"',
+                          'add e.g. "architectures": ["LlamaForCausalLM"] to config.json')
+    cls = getattr(tf, archs[0], None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "from_pretrained")):
+        raise ConfigError("model", spec, "architectures[0] naming a transformers model class",
+                          f"config.json names {archs[0]!r}")
+    weight_files(directory)
+    return cls, config
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off (loading and saving weights): trainfit's stderr is one line per problem."""
+    logging = _transformers().utils.logging
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
+
+
+def _load_pretrained(cls, directory: Path, config) -> nn.Module:
+    """The model saved in ``directory`` with its weights, in fp32 (the precision lever casts later).
+    Deterministic: every weight comes from the file (a missing one is refused, not initialised)."""
+    with quiet_progress():
+        model, info = cls.from_pretrained(str(directory), config=config, dtype=torch.float32,
+                                          local_files_only=True, output_loading_info=True)
+    missing = [k for k in info.get("missing_keys", ()) if k]
+    if missing or info.get("mismatched_keys"):
+        what = f"lacks {missing[0]}" if missing else f"has a wrong shape for {info['mismatched_keys'][0][0]}"
+        raise ConfigError("model", f"hf:{directory}", "weights matching config.json",
+                          f"{directory}'s weights {what} ({len(missing) or len(info['mismatched_keys'])} in all)")
+    return model
+
+
 class GeneratedSamples(Dataset):
     """Samples made on demand from (seed, index): nothing is stored or downloaded."""
 
@@ -233,19 +338,27 @@ def _token_loss(logits: torch.Tensor, labels: torch.Tensor):
 
 
 def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096) -> GenericTask:
-    """Build a Task for ``transformers.<arch>`` from a config with random weights (no hub access)."""
+    """Build a Task for ``transformers.<arch>`` from a config with random weights (no hub access), or, when
+    ``arch`` is a directory written by ``save_pretrained``, for the model saved there with its weights."""
     tf = _transformers()
-    cls = getattr(tf, arch, None)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "config_class")):
-        raise ConfigError("model", f"hf:{arch}", "hf:<a transformers model class>, e.g. hf:LlamaForCausalLM, "
-                          "hf:BertForMaskedLM, hf:T5ForConditionalGeneration, hf:ViTForImageClassification",
-                          "check the class name's spelling and case")
+    pretrained = pretrained_dir(arch)
+    if pretrained is not None:  # hf:DIR -- the class and the config come from DIR/config.json
+        cls, config = _pretrained_config(tf, pretrained, model_config)
+        arch, given = cls.__name__, {}
+    else:
+        cls = getattr(tf, arch, None)
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "config_class")):
+            raise ConfigError("model", f"hf:{arch}", "hf:<a transformers model class>, e.g. hf:LlamaForCausalLM, "
+                              "hf:BertForMaskedLM, hf:T5ForConditionalGeneration, hf:ViTForImageClassification, "
+                              "or hf:DIR (a directory written by save_pretrained)",
+                              "check the class name's spelling and case")
     classifies = arch.endswith(("ForSequenceClassification", "ForImageClassification"))
     # The generated data's needs: token rules need 11 ids; a classification needs 2 classes (with one the
     # cross-entropy is identically 0, nothing to learn).
     minimums = {"num_labels": 2} if classifies else {"vocab_size": 11}
-    given = read_hf_values(cls.config_class, model_config)
-    config = parse_hf_config(cls.config_class, model_config, minimums=minimums, values=dict(given))
+    if pretrained is None:
+        given = read_hf_values(cls.config_class, model_config)
+        config = parse_hf_config(cls.config_class, model_config, minimums=minimums, values=dict(given))
     kind = _kind(arch, config)
     if hasattr(config, "use_cache"):
         config.use_cache = False  # training: no KV cache
@@ -264,13 +377,16 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     vocab = getattr(config, "vocab_size", 0) or 0
     if kind != "image" and not (isinstance(vocab, int) and vocab >= 11):
         raise ConfigError("model_config.vocab_size", vocab, "an integer >= 11")
-    task = GenericTask(name=f"hf:{arch}", unit="tokens", build_model=lambda: None, dataset=lambda: None,
-                       collate=_stack, count=lambda b: 0, loss=lambda m, b: (None, 0))
+    task = GenericTask(name=f"hf:{pretrained or arch}", unit="tokens", build_model=lambda: None,
+                       dataset=lambda: None, collate=_stack, count=lambda b: 0, loss=lambda m, b: (None, 0))
 
     def build() -> nn.Module:
         torch.manual_seed(seed)
         try:
-            model = cls(config)
+            if pretrained is not None and detect_fake_mode() is None:
+                model = _load_pretrained(cls, pretrained, config)
+            else:  # under fake tensors (the memory estimate) only shapes matter: the config builds them
+                model = cls(config)
         except Exception as e:  # a config transformers accepts but its model cannot be built from
             if _is_resource_error(e):
                 raise
@@ -281,7 +397,9 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
 
     task.build_model = build
     task.fake_trace = _real_mask_decisions
-    if not getattr(config, "is_encoder_decoder", False) and isinstance(getattr(config, "num_hidden_layers", None), int):
+    # A pretrained checkpoint's depth is fixed: the estimate traces it in full rather than at 3 and 4 blocks.
+    if pretrained is None and not getattr(config, "is_encoder_decoder", False) and \
+            isinstance(getattr(config, "num_hidden_layers", None), int):
         task.depth_key, task.depth = "num_hidden_layers", config.num_hidden_layers
     _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab)
     task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch)
