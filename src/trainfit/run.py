@@ -30,7 +30,7 @@ from trainfit.levers.precision import Precision, make_precision
 from trainfit.levers.schedule import advance, make_scheduler, restore_scheduler
 from trainfit.meters.timers import NULL_TIMER, Timer
 from trainfit.strategies import Strategy, make_strategy
-from trainfit.tasks import Task, make_task
+from trainfit.tasks import DataSpec, Task, make_task
 from trainfit.vocabulary import Optimizer, parse_lora
 
 
@@ -161,7 +161,7 @@ STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
     task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                     dataset_size=cfg.dataset_size)
+                     dataset_size=cfg.dataset_size, data=DataSpec.from_config(cfg))
     strategy = strategy or make_strategy(cfg)
     model = task.build_model()
     if not isinstance(model, nn.Module):

@@ -69,6 +69,13 @@ class GenericTask:
     fake_trace: Callable[[], AbstractContextManager] | None = None
     """Optional: a context the memory estimate enters while stepping under fake tensors, for
     models that branch on ``is fake tensor`` where the real run branches on data (see hf.py)."""
+    val_dataset: Callable[[], Dataset | None] = lambda: None
+    """The validation rows (``--val-fraction`` / ``--val-data``); None without a split."""
+    data_source: str = "generated"
+    """Where the rows come from: "generated", or :attr:`trainfit.tasks.files.TextData.source` ("prepared",
+    "raw-packed", "raw-on-the-fly"), which profile's advice reads."""
+    data_description: str = ""
+    """One line about the data from files (documents, tokens, rows); "" for generated data."""
 
     def block_names(self, model: nn.Module) -> list[str]:
         return [n for n, m in model.named_modules() if type(m).__name__ in self.block_classes and n]

@@ -11,6 +11,7 @@ from trainfit.errors import ConfigError
 from trainfit.presets import GPT_PRESETS, CNNConfig, GPTConfig
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.cnn import SmallCNN
+from trainfit.tasks.files import DataSpec, check_model_fits, load_text_data, note
 from trainfit.tasks.gpt import GPT
 from trainfit.tasks.synthetic import (
     IGNORE_INDEX,
@@ -69,15 +70,30 @@ def full_length_tokens(n: int, seq_len: int, vocab_size: int, seed: int) -> dict
     return {"input_ids": seq[:, :-1], "labels": seq[:, 1:]}
 
 
-def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides: str = "") -> GenericTask:
+def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides: str = "",
+             data: DataSpec | None = None) -> GenericTask:
     base = GPT_PRESETS[name]
     ov = _known_keys(parse_overrides(overrides), GPTConfig)
-    if "vocab_size" in ov:  # the generated rules' minimum, not GPTConfig's (>= 1), is the one to name
+    text = load_text_data(data) if data is not None else None
+    if text is not None and "vocab_size" not in ov:  # the tokenizer sets the vocabulary the user left open
+        ov["vocab_size"] = text.vocab_size
+        note(f"{name} vocab_size={text.vocab_size} from tokenizer {text.tokenizer_dir or 'byte'}")
+    if "vocab_size" in ov and text is None:  # the generated rules' minimum, not GPTConfig's (>= 1), is the one to name
         check_token_rules(ov["vocab_size"], seq_len)
     cfg = dataclasses.replace(base, **ov)  # GPTConfig checks every value's type and range
     if seq_len > cfg.max_seq_len:
         cfg = dataclasses.replace(cfg, max_seq_len=seq_len)
+    if text is not None:
+        check_model_fits(text, vocab_size=cfg.vocab_size, max_positions=None, seq_len=seq_len, model=name)
+        return _gpt(name, cfg, seed, dataset=lambda: text.train, example_batch=text.example_batch,
+                    val_dataset=lambda: text.val, data_source=text.source, data_description=text.description)
     check_token_rules(cfg.vocab_size, seq_len)
+    return _gpt(name, cfg, seed,
+                dataset=lambda: TokenRules(size=dataset_size, seq_len=seq_len, vocab_size=cfg.vocab_size, seed=seed),
+                example_batch=lambda n: full_length_tokens(n, seq_len, cfg.vocab_size, seed))
+
+
+def _gpt(name: str, cfg: GPTConfig, seed: int, **data) -> GenericTask:
 
     def build():
         torch.manual_seed(seed)
@@ -87,14 +103,13 @@ def gpt_task(name: str, *, seq_len: int, seed: int, dataset_size: int, overrides
         name=name,
         unit="tokens",
         build_model=build,
-        dataset=lambda: TokenRules(size=dataset_size, seq_len=seq_len, vocab_size=cfg.vocab_size, seed=seed),
         collate=collate_tokens,
         count=gpt_count,
         loss=gpt_loss,
         block_classes=("Block",),
-        example_batch=lambda n: full_length_tokens(n, seq_len, cfg.vocab_size, seed),
         depth_key="n_layer",
         depth=cfg.n_layer,
+        **data,
     )
 
 

@@ -38,6 +38,7 @@ from trainfit.errors import ConfigError, ModelError, TrainfitError, check_int
 from trainfit.presets import check_kv_heads
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
+from trainfit.tasks.files import DataSpec, check_model_fits, load_text_data
 from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, check_token_rules, collate_tokens
 
 HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration", "ForSequenceClassification",
@@ -337,7 +338,8 @@ def _token_loss(logits: torch.Tensor, labels: torch.Tensor):
     return loss, (labels != IGNORE_INDEX).sum()
 
 
-def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096) -> GenericTask:
+def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096,
+            data: DataSpec | None = None) -> GenericTask:
     """Build a Task for ``transformers.<arch>`` from a config with random weights (no hub access), or, when
     ``arch`` is a directory written by ``save_pretrained``, for the model saved there with its weights."""
     tf = _transformers()
@@ -401,7 +403,7 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     if pretrained is None and not getattr(config, "is_encoder_decoder", False) and \
             isinstance(getattr(config, "num_hidden_layers", None), int):
         task.depth_key, task.depth = "num_hidden_layers", config.num_hidden_layers
-    _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab)
+    _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab, data)
     task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch)
     return task
 
@@ -467,11 +469,24 @@ def _real_mask_decisions() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = original
 
 
-def _attach_data(task: GenericTask, kind: str, config, seq_len: int, seed: int, size: int, vocab: int) -> None:
+def _attach_data(task: GenericTask, kind: str, config, seq_len: int, seed: int, size: int, vocab: int,
+                 data: DataSpec | None = None) -> None:
     def tokens(g):
         return torch.randint(1, vocab, (seq_len,), generator=g)
 
-    if kind == "causal":
+    if data is not None and kind != "causal":
+        raise ConfigError("data", data.data, f"no --data with {task.name} (a {kind} head)",
+                          "data files feed the GPT built-ins and hf: causal LMs (...ForCausalLM, ...LMHeadModel)")
+    if data is not None:  # token rows from files: the model must hold the tokenizer's ids and the rows' length
+        text = load_text_data(data)
+        max_pos = getattr(config, "max_position_embeddings", None)
+        check_model_fits(text, vocab_size=vocab, max_positions=max_pos if isinstance(max_pos, int) else None,
+                         seq_len=seq_len, model=task.name)
+        task.dataset, task.val_dataset = (lambda: text.train), (lambda: text.val)
+        task.collate, task.example_batch = text.collate, text.example_batch
+        task.data_source, task.data_description = text.source, text.description
+        task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+    elif kind == "causal":
         check_token_rules(vocab, seq_len)
         task.dataset = lambda: TokenRules(size=size, seq_len=seq_len, vocab_size=vocab, seed=seed)
         task.collate = collate_tokens
