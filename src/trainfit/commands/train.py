@@ -28,10 +28,16 @@ from trainfit.train import refuse_checkpoints, remove_if_unstarted, train
 from trainfit.vocabulary import DISTRIBUTED, strategy_facts
 
 
+MUST, AUTO = "must", "auto"
+"""``--resume`` (there must be a checkpoint) and ``--resume auto`` (resume when there is one)."""
+
+
 def register(sub) -> None:
     p = sub.add_parser("train", help="train (the embedded default when given nothing)")
     add_run_flags(p)
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
+    p.add_argument("--resume", nargs="?", const=MUST, default=None, metavar="auto",
+                   help="continue from the newest checkpoint in --run-dir (it must hold one); --resume auto: "
+                        "continue if it holds one, else start fresh")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html (trainfit report)")
     p.add_argument("--devices", "--nproc", dest="devices", type=int,
@@ -41,8 +47,30 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _resume_mode(args) -> bool:
+    """``--resume`` -> True; ``--resume auto`` -> whether the run directory holds a checkpoint (a fresh start
+    is said on stderr, once); absent -> False. ``--resume CONFIG.toml`` (the option before the positional
+    config) reads as ``CONFIG.toml --resume``."""
+    mode = args.resume
+    if mode not in (None, MUST, AUTO):
+        if getattr(args, "config", None) is not None:
+            raise ConfigError("resume", mode, "nothing (a checkpoint must exist) or auto",
+                              "--resume auto resumes when there is a checkpoint and starts fresh otherwise")
+        args.config, mode = mode, MUST
+    if mode != AUTO:
+        return mode == MUST
+    run_dir = args.run_dir or config_from_args(args, from_run_dir=False).run_dir
+    if has_checkpoints(run_dir):
+        return True
+    env = launch.torchrun_env()
+    if env is None or env.rank == 0:
+        print(f"trainfit: no checkpoint in {run_dir}; starting fresh (--resume auto)", file=sys.stderr)
+    return False
+
+
 def run(args) -> int:
     check_int("max_restarts", args.max_restarts, minimum=0)
+    args.resume = _resume_mode(args)
     cfg = config_from_args(args, from_run_dir=args.resume,  # a resumed run keeps its own configuration
                            **({"devices": args.devices} if args.devices is not None else {}))
     env = launch.torchrun_env()
@@ -71,7 +99,11 @@ def run(args) -> int:
     else:
         print(f"{summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
               f"{summary['skipped_steps']} skipped, {summary['items_per_s']:,.0f} {summary['unit']}/s, "
-              f"effective batch {summary['effective_batch']} samples; run dir {summary['run_dir']}", file=sys.stderr)
+              f"effective batch {summary['effective_batch']} samples"
+              + (f", val loss {summary['val_loss']:.4f} (perplexity {summary['val_perplexity']:,.2f})"
+                 if summary.get("val_loss") is not None else "")
+              + f"; run dir {summary['run_dir']}"
+              + (f"; model {summary['model_dir']}" if summary.get("model_dir") else ""), file=sys.stderr)
     return 0
 
 
