@@ -31,7 +31,7 @@ from trainfit.vocabulary import (
 )
 
 EXIT_USAGE = 2
-COMMANDS = ("train", "memory", "verify", "plan", "report", "profile")
+COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")
 """Subcommand modules under trainfit.commands, in help order."""
 
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
@@ -19,6 +20,7 @@ from trainfit.probes.memory import measure_memory
 from trainfit.report.plots import plot_memory
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
+from trainfit.tasks.files import DataSpec, load_text_data
 from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import PART_LABELS
 
@@ -65,6 +67,10 @@ def run(args) -> int:
     else:
         make_report = measure_memory
     report = make_report(cfg)
+    if cfg.data:  # rows from files: the sizing batch is the longest micro-batch this data produces
+        longest = load_text_data(DataSpec.from_config(cfg)).longest  # cached: read once by the task already
+        print(f"trainfit: activations sized for rows of {longest} tokens, the longest this data produces"
+              + (" (packing: full seq_len)" if cfg.packing else ""), file=sys.stderr)
     other = make_report(cfg, batch=second_batch(report.batch))
     scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))
     # Under torchrun each rank measured its own shards; rank 0 reports them all.

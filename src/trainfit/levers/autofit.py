@@ -119,7 +119,8 @@ class Fitter:
         cfg, st = self.run.cfg, self.run.strategy
         loader = make_loader(self.run.task.dataset(), self.run.task.collate, start_step=step,
                              micro_batch=self.micro_batch, accumulation=self.accumulation, rank=st.rank,
-                             world_size=st.world_size, seed=cfg.seed, workers=cfg.loader_workers)
+                             world_size=st.world_size, seed=cfg.seed, workers=cfg.loader_workers,
+                             pin_memory=st.device.type == "cuda")  # pinned pages: asynchronous host-to-device copies
         self._batches = iter(loader)
 
     def close(self) -> None:

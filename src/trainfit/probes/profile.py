@@ -186,7 +186,7 @@ def step_batches(run: Run, micro_batch: int, start_step: int = 0):
     cfg, st = run.cfg, run.strategy
     return iter(make_loader(run.task.dataset(), run.task.collate, start_step=start_step, micro_batch=micro_batch,
                             accumulation=cfg.accumulation, rank=st.rank, world_size=st.world_size, seed=cfg.seed,
-                            workers=cfg.loader_workers))
+                            workers=cfg.loader_workers, pin_memory=st.device.type == "cuda"))
 
 
 def _peak(run: Run) -> tuple[float | None, str, str]:

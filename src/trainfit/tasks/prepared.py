@@ -158,7 +158,8 @@ def write_prepared(out: Path, *, texts: Iterable[str], tokenizer: TextTokenizer,
                               f"all {skipped} document(s) are empty")
         sidecar = {
             "format": FORMAT, "version": VERSION,
-            "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256},
+            "tokenizer": {"name": tokenizer.name if not tokenizer.sha256 else str(Path(tokenizer.name).resolve()),
+                          "sha256": tokenizer.sha256},  # a directory as an absolute path: train runs from anywhere
             "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id, "dtype": token_dtype(tokenizer.vocab_size),
             "n_tokens": n_tokens, "n_documents": n_docs, "skipped_documents": skipped,
             "files": {TOKENS: {"bytes": tokens.n, "sha256": tokens.h.hexdigest()},
