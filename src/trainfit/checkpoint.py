@@ -74,9 +74,15 @@ def restore_rng(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-RESUME_KEYS = ("model", "model_config", "precision", "optimizer", "seed", "seq_len", "dataset_size")
+RESUME_KEYS = ("model", "model_config", "precision", "optimizer", "seed", "seq_len", "dataset_size",
+               "lr", "schedule", "warmup_steps", "min_lr")
 """Config fields a checkpoint must share with the run that resumes it (one-file and sharded alike);
-the global batch (micro_batch x accumulation x ranks) must match too, so the step stays the same."""
+the global batch (micro_batch x accumulation x ranks) must match too, so the step stays the same.
+The learning-rate schedule is part of the job: a resumed run follows the curve it started on, so a
+changed lr, schedule, warm-up or min_lr is refused (a key an older checkpoint lacks is not compared)."""
+
+DECAYING = ("linear", "cosine")
+"""Schedules whose curve depends on ``steps``: resuming one with other ``steps`` would bend it mid-run."""
 
 
 def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: Path) -> None:
@@ -89,6 +95,11 @@ def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: 
         if key in saved and saved[key] != now[key]:
             raise CheckpointError(f"checkpoint {path} was written with {key}={saved[key]!r}, this run has "
                                   f"{key}={now[key]!r}; resume with the same {key} or use a new --run-dir")
+    if now.get("schedule") in DECAYING and "steps" in saved and saved["steps"] != now["steps"]:
+        raise CheckpointError(
+            f"checkpoint {path} was written with steps={saved['steps']!r} and a {now['schedule']} schedule, which "
+            f"decays to min_lr at its last step; this run has steps={now['steps']!r}: resume with "
+            f"steps={saved['steps']!r}, or start a new --run-dir with --init-from {path.parent.parent} for more steps")
     if not {"micro_batch", "accumulation"} <= saved.keys():
         return  # written before the split was recorded: nothing to compare
     was = int(saved["micro_batch"]) * int(saved["accumulation"]) * saved_world

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from trainfit.config import RunConfig
 from trainfit.levers.precision import Precision
@@ -26,6 +27,7 @@ class Checkpointed(Protocol):
     cfg: RunConfig
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
     precision: Precision
     strategy: Strategy
 

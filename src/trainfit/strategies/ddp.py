@@ -105,12 +105,15 @@ class Zero1(DDP):
     def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        params = [p for g in optimizer.param_groups for p in g["params"]]  # trainfit builds one group
+        # The groups as built (e.g. no weight decay on biases, norms, embeddings), each with only the settings
+        # that differ from the optimizer's defaults; ZeRO partitions every group and keeps its settings.
+        groups = [{k: v for k, v in g.items() if k == "params" or optimizer.defaults.get(k) != v}
+                  for g in optimizer.param_groups]
         # The local optimizer gets the same class and hyperparameters, over this rank's partition only.
         # (AdamW records defaults its constructor does not take, e.g. decoupled_weight_decay: drop them.)
         accepted = inspect.signature(type(optimizer).__init__).parameters
         defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-        zero = ZeroRedundancyOptimizer(params, optimizer_class=type(optimizer), **defaults)
+        zero = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
         # Readers of ``optimizer.state`` (the memory tracker, DCP) then see the partition this rank holds.
         zero.state = zero.optim.state
         return zero

@@ -5,7 +5,7 @@ Layout under ``RUN_DIR/checkpoints``::
     step-00000050.dcp/        one directory per checkpoint
         __0_0.distcp ...      each rank writes its own shards (plus one copy of replicated tensors)
         .metadata             DCP's index: global shape and placement of every tensor
-        trainfit.json         step, config, world size, strategy, precision and scaler state
+        trainfit.json         step, config, world size, strategy, precision and scaler state, schedule
 
 Atomic at the directory level: every rank writes into ``.step-00000050.dcp.tmp``; after all
 have finished, rank 0 adds ``trainfit.json`` and renames the directory into place, so a
@@ -16,7 +16,8 @@ Keys are parameter names (the unwrapped model's), never positions or ranks, so a
 loads into any world size and any strategy: DCP reshards each tensor on load (zero3 on 2
 ranks -> single on 1, ddp -> zero2, ...). What is stored: model weights, the optimizer
 state of every parameter (under ``zero1`` each rank writes the partition it owns), and the
-fp32 master weights of ``*-true`` precisions, and each rank's torch RNG state (``rng/rankN.pt``,
+fp32 master weights of ``*-true`` precisions, the learning-rate schedule's state (in ``trainfit.json``,
+restored with the param groups' lr), and each rank's torch RNG state (``rng/rankN.pt``,
 CPU and, on a GPU, the current device's), restored when the checkpoint is resumed on the same
 number of ranks -- so dropout continues the same streams. On another world size the streams
 cannot be mapped; the resume says so (a warning) and continues with fresh ones. The data order
@@ -47,6 +48,7 @@ from trainfit.checkpoint import (
     rng_state,
 )
 from trainfit.errors import CheckpointError
+from trainfit.levers.schedule import restore_scheduler
 from trainfit.strategies.base import Checkpointed, unwrap
 
 FORMAT = "trainfit-dcp-v1"
@@ -146,7 +148,7 @@ def save(run: Checkpointed, step: int) -> Path:
     _barrier()  # every rank's RNG file is in place before rank 0 renames the directory
     if _rank() == 0:
         meta = {"format": FORMAT, "step": step, "config": run.cfg.to_dict(), "world_size": _world(),
-                "strategy": run.strategy.name, "precision": precision}
+                "strategy": run.strategy.name, "precision": precision, "schedule": run.scheduler.state_dict()}
         atomic_write_bytes(tmp / META, json.dumps(meta).encode())
         if final.exists():  # re-written after a restart: the new one is at least as recent
             shutil.rmtree(final)
@@ -187,6 +189,11 @@ def load(run: Checkpointed, path: Path) -> int:
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {str(e).splitlines()[0]}") from None
     _load_rng(path, run, saved_world=int(meta["world_size"]))
+    try:  # the param groups' lr too: DCP holds the optimizer's state tensors, not its groups
+        restore_scheduler(run.scheduler, meta.get("schedule"), int(meta["step"]))  # absent: an older trainfit
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: its learning-rate schedule state is unreadable "
+                              f"({type(e).__name__})") from None
     return int(meta["step"])
 
 
