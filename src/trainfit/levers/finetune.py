@@ -139,7 +139,8 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, task_type: str | None = None
     if missing is not None:
         linear = [n.rsplit(".", 1)[-1] for n, k in modules.items() if k == "adaptable"]
         examples = ", ".join(list(dict.fromkeys(linear))[:6])
-        raise ConfigError("lora.targets", missing, f"names of Linear modules in this model, e.g. {examples}",
+        raise ConfigError("lora.targets", missing,
+                          f"names of Linear, Embedding or Conv modules in this model, e.g. {examples}",
                           "a target matches a module's name or its last dotted parts")
     peft = _peft()
     if task_type is None and getattr(model, "config", None) is not None and \
