@@ -14,10 +14,12 @@ from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
+from trainfit.plan.basis import analytic_basis
 from trainfit.plan.rules import Context
 from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.plan.shapes import PlannedModel, plan_model
+from trainfit.plan.trainable import trainable
 from trainfit.presets import MODEL_HELP
 from trainfit.probes.calibrate import (
     BASIS_SOURCES,
@@ -29,7 +31,17 @@ from trainfit.probes.calibrate import (
 from trainfit.results import PlanReport, PlanRow
 from trainfit.tasks import make_task
 from trainfit.units import fmt_bytes, parse_bytes
-from trainfit.vocabulary import Optimizer, choices, strategy_facts
+from trainfit.vocabulary import Optimizer, choices, parse_lora, strategy_facts
+
+
+FILE_DATA_FLAGS = {
+    "data": "plan for this training data (as train takes it): activations sized for the longest row it produces",
+    "tokenizer": "byte (default) or a directory holding a Hugging Face tokenizer.json",
+    "packing": "on (rows of seq_len tokens) or off (one document per row, the longest sets the size)",
+    "text_field": "JSON Lines field / Parquet or CSV column holding the text (default text)",
+    "text_errors": "bytes that are not UTF-8: strict (refuse) or replace (U+FFFD)",
+}
+"""The flags of ``--data`` jobs plan reads; None when not given (RunConfig's defaults then)."""
 
 
 def register(sub) -> None:
@@ -45,6 +57,12 @@ def register(sub) -> None:
     p.add_argument("--bandwidth-intra", help="per-device bandwidth inside a node, e.g. 450GB/s")
     p.add_argument("--bandwidth-inter", help="per-device bandwidth between nodes, e.g. 50GB/s")
     p.add_argument("--optimizer", default=str(Optimizer.ADAMW), help=choices(Optimizer))
+    p.add_argument("--lora", default="", help="plan for LoRA adapters as train takes them: r=8,alpha=16,"
+                                              "targets=q_proj,v_proj (only the adapters train)")
+    p.add_argument("--freeze", default="", help="comma-separated glob patterns of parameter names frozen, as train "
+                                                "takes them (no gradients, no optimizer state)")
+    for key, help_text in FILE_DATA_FLAGS.items():
+        p.add_argument("--" + key.replace("_", "-"), dest=key, help=help_text)
     p.add_argument("--headroom", default="0.1", help="share of device memory kept free (default 0.1)")
     p.add_argument("--basis", default="auto", help="auto, analytic, estimate or measure: where the parts come from")
     p.add_argument("--calibrate", action="store_true",
@@ -178,9 +196,23 @@ def make_plan(args, flags: dict | None = None):
                         headroom=flags["headroom"], **subsets)
     seq = flags["seq"]
     planned = check_model(args.model, args.model_config, seq)
+    job = {"lora": args.lora, "freeze": args.freeze,
+           **{k: getattr(args, k) for k in FILE_DATA_FLAGS if getattr(args, k, None) is not None}}
     base = make_config({"model": planned.model, "model_config": planned.model_config, "seq_len": seq,
-                        "optimizer": args.optimizer})
+                        "optimizer": args.optimizer, **job})
+    header: list[str] = []
+    tuned = None  # what trains under --lora / --freeze (analytic shapes; the estimator reads the config itself)
+    if planned.shape is not None and (base.lora or base.freeze):
+        tuned = trainable(planned.shape, freeze=base.freeze, lora=parse_lora(base.lora))
+        header.append(tuned.description)
+    rows = seq
     basis, used = basis_provider(base, source=args.basis)
+    if used == "analytic" and (tuned is not None or rows != seq):
+        shape = planned.shape
+        basis = (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=rows,
+                                              optimizer=base.optimizer, trainable=tuned))
+    elif (base.lora or base.freeze) and planned.shape is None:
+        header.append(f"--lora/--freeze: the {used} basis builds the model with them and counts what trains")
     latency_s = 0.0
     intra = flags["intra"]
     if row.peak_row is None and args.calibrate and devices > 1:
@@ -208,6 +240,7 @@ def make_plan(args, flags: dict | None = None):
                 links, dist_rows = with_dist_overhead(links, base, basis, world=2,
                                                       strategies=subsets.get("strategies"))
         result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+    result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
     if dist_rows:
         fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
@@ -217,7 +250,7 @@ def make_plan(args, flags: dict | None = None):
     if row.peak_row is None and not args.calibrate:
         result.notes.append("cpu step times assume the calibrated matmul rate, which a small model does not reach; "
                             "pass --calibrate to fit them to this model's measured steps")
-    return result, base, devices // nodes, used, space
+    return result, base, devices // nodes, used, space, len(header)
 
 
 @contextlib.contextmanager
@@ -242,7 +275,7 @@ def plan_config(entry, base, *, devices: int, global_batch: int):
 
 def run(args) -> int:
     flags = check_flags(args)  # every flag and output path refused before any work
-    result, base, per_node, used, space = make_plan(args, flags)
+    result, base, per_node, used, space, n_header = make_plan(args, flags)
     shown = result.entries[:flags["top"]]
     write, toml_text = flags["write"], None
     if write is not None:
@@ -261,8 +294,10 @@ def run(args) -> int:
     if args.json:
         print(text)
         return 0
+    for n in result.notes[:n_header]:  # the job: what trains, the rows activations are sized for
+        print(n)
     print(format_table(shown))
-    for n in result.notes:
+    for n in result.notes[n_header:]:
         print(n)
     if write is not None:
         print(f"wrote {write}: run it with `trainfit train {write}`", file=sys.stderr)

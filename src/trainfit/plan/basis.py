@@ -15,6 +15,7 @@ import math
 
 from trainfit.plan.cost import Basis
 from trainfit.plan.shapes import TransformerShape
+from trainfit.plan.trainable import Trainable, full_training, saved_input_elems
 from trainfit.vocabulary import (
     EveryBlock,
     EveryKthBlock,
@@ -29,43 +30,71 @@ OPTIMIZER_BYTES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4}
 
 
 def checkpointed_blocks(spec: str, n_layer: int) -> int:
+    return len(checkpointed_indices(spec, n_layer))
+
+
+def checkpointed_indices(spec: str, n_layer: int) -> frozenset[int]:
+    """The blocks a policy checkpoints (``levers.checkpointing``: every:K takes blocks 0, K, 2K, ...)."""
     policy = parse_checkpoint_policy(spec)
     if isinstance(policy, NoCheckpointing):
-        return 0
-    if isinstance(policy, EveryBlock):
-        return n_layer
+        return frozenset()
     if isinstance(policy, EveryKthBlock):
-        return math.ceil(n_layer / policy.k)
-    return n_layer  # class:Name on a transformer: the blocks
+        return frozenset(range(0, n_layer, policy.k))
+    return frozenset(range(n_layer))  # full, and class:Name on a transformer: the blocks
 
 
 def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: str, seq_len: int,
-                   optimizer: str = "adamw") -> Basis:
-    """Memory and FLOPs of a transformer step from its shape (per sample of ``seq_len`` tokens)."""
+                   optimizer: str = "adamw", trainable: Trainable | None = None) -> Basis:
+    """Memory and FLOPs of a transformer step from its shape (per sample of ``seq_len`` tokens).
+
+    ``trainable`` (``plan.trainable``, for ``--freeze`` / ``--lora``): weights count every parameter (the
+    adapters' too); gradients, optimizer state, the fp32 master copy and the gradient traffic count only the
+    trainable ones; activations and FLOPs follow that module's model (frozen Linear inputs unsaved, adapters'
+    inputs and r-wide outputs saved, no backward below the lowest trainable block, no weight gradient for a
+    frozen weight). Default: every parameter trains.
+    """
+    t = trainable or full_training(shape)
     w, g, master, cb = precision_facts(precision).bytes_per_param  # (weights, grads, master, compute) bytes
     rb = 4 if w == 4 else 2  # residual stream dtype: the weights' (autocast keeps it fp32)
-    n, s, d, V = shape.n_params, seq_len, shape.d_model, shape.vocab_size
+    n, nt, s, d, V, L = t.n_params, t.n_trainable, seq_len, shape.d_model, shape.vocab_size, shape.n_layer
     resid, mm = shape.saved_elems_per_token()
-    block_tok = resid * rb + mm * cb
-    k = checkpointed_blocks(checkpointing, shape.n_layer)
-    kept = (shape.n_layer - k) * block_tok + k * d * rb  # a checkpointed block keeps only its input
-    top_tok = d * rb + d * cb + V * 4  # final norm in, head in, fp32 log-softmax out
+    inputs = saved_input_elems(shape)
+    ckpt = checkpointed_indices(checkpointing, L)
+    kept = recomputed = 0  # bytes per token: saved by the blocks; the largest block recomputed in backward
+    block_flops = shape.block_forward_flops_per_token(s)
+    fwd = bwd = recompute = 0.0  # FLOPs per token
+    for i in range(L):
+        f_i = block_flops + t.adapter_flops_per_token[i]
+        fwd += f_i
+        if i < t.lowest_block:
+            continue  # nothing below needs a gradient: no saved tensors, no backward
+        tok = resid * rb + (mm - sum(inputs[x] for x in t.frozen_inputs[i]) + t.adapter_elems[i]) * cb
+        tok += t.adapter_mask_bytes[i]
+        if i in ckpt:
+            kept += d * rb  # a checkpointed block keeps only its input
+            recomputed = max(recomputed, tok)
+            recompute += f_i
+        else:
+            kept += tok
+        bwd += 2 * f_i - 2 * t.frozen_weight_params[i]  # input gradients, and weight gradients that train
+    head = 2.0 * V * d + t.head_adapter_flops
+    fwd += head
+    bwd += 2 * head - 2 * t.top_frozen_weight_params
+    top_tok = d * rb + (d + t.head_adapter_elems) * cb + V * 4  # final norm in, head in, fp32 log-softmax out
     act = s * (kept + top_tok + 2 * 8)  # + int64 ids and labels
     # At the backward peak: logits and their fp32 gradient, plus one block recomputed.
-    temp = s * (V * (cb + 4) + (block_tok if k else 0))
-    fwd = shape.forward_flops_per_token(s) * s
-    recompute = k * shape.block_forward_flops_per_token(s) * s
+    temp = s * (V * (cb + 4) + recomputed)
     largest = V * d * 4
     return Basis(
-        precision=precision, checkpointing=checkpointing, n_params=n, n_blocks=shape.n_layer,
-        params_bytes=n * w, grads_bytes=n * (g if not master else 4), grads_at_peak_bytes=n * g,
-        optimizer_bytes=n * (OPTIMIZER_BYTES[optimizer] + master), compute_bytes_per_param=cb,
+        precision=precision, checkpointing=checkpointing, n_params=n, n_blocks=L, n_trainable=nt,
+        params_bytes=n * w, grads_bytes=nt * (g if not master else 4), grads_at_peak_bytes=nt * g,
+        optimizer_bytes=nt * (OPTIMIZER_BYTES[optimizer] + master), compute_bytes_per_param=cb,
         act_fixed_bytes=0.0, act_per_sample_bytes=float(act), temp_fixed_bytes=0.0,
         temp_per_sample_bytes=float(temp), step_temp_bytes=2.0 * largest,
-        model_flops_per_sample=3 * fwd, hardware_flops_per_sample=3 * fwd + recompute,
-        grad_comm_bytes=n * 4.0, param_comm_bytes=n * float(cb),
-        source=f"analytic {shape.family} shape (plan.basis.analytic_basis)", n_param_tensors=shape.n_tensors,
-        max_unit_params=float(max(shape.block_params, n - shape.n_layer * shape.block_params)),
+        model_flops_per_sample=(fwd + bwd) * s, hardware_flops_per_sample=(fwd + bwd + recompute) * s,
+        grad_comm_bytes=nt * 4.0, param_comm_bytes=n * float(cb),
+        source=f"analytic {shape.family} shape (plan.basis.analytic_basis)", n_param_tensors=t.n_trainable_tensors,
+        max_unit_params=float(max(shape.block_params, shape.n_params - L * shape.block_params)),
     )
 
 

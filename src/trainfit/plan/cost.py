@@ -63,6 +63,8 @@ class Basis:
     param_comm_bytes: float
     """Parameter bytes as gathered (compute dtype)."""
     source: str
+    n_trainable: int = 0
+    """Parameters that train (get gradients and optimizer state; ``--freeze``/``--lora``); 0: all ``n_params``."""
     n_param_tensors: int = 0
     """Trainable parameter tensors (zero1 broadcasts each per step); 0 when unknown (then not costed)."""
     max_unit_params: float = 0.0
@@ -119,7 +121,7 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
             return whole
         # With several micro-batches FSDP2 under a half compute dtype also holds whole gradients in that
         # dtype (measured on 2 gloo ranks: + n_params x 2 bytes, deferred or per-micro-batch; not in fp32).
-        half_extra = b.n_params * b.compute_bytes_per_param if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0
+        half_extra = (b.n_trainable or b.n_params) * b.compute_bytes_per_param if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0
         if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
             return whole + half_extra  # deferred sync keeps whole, unsharded gradients across the window
         return whole / n + half_extra
