@@ -148,8 +148,8 @@ class OnTheFlyRows(Dataset):
         return len(self.texts)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = self.tokenizer.encode(self.texts[i])[: self.T]
-        row = _row(np.append(ids, self.tokenizer.eod_id))
+        ids = self.tokenizer.encode(self.texts[i])
+        row = _row(np.append(ids[: self.T + 1], self.tokenizer.eod_id)[: self.T + 1])  # tokens + EOD, cut to T + 1
         if len(ids) == 0:  # a non-empty text this tokenizer maps to nothing: one ignored position, no label
             row = {"input_ids": torch.tensor([self.tokenizer.eod_id]), "labels": torch.tensor([-100])}
         return row
