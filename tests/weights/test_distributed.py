@@ -1,0 +1,34 @@
+"""Frozen weights and LoRA under ddp, zero1, zero2 and zero3 on 2 gloo ranks; the export gathers the whole model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed.harness import errors, spawn
+
+from .conftest import save_llama
+from .workers import CASES, train_and_export
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.hf]
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    pytest.importorskip("peft")
+    root = tmp_path_factory.mktemp("weights-dist")
+    save_llama(root / "llama")
+    assert spawn(train_and_export, root) == [0, 0], errors(root)
+    return root
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sharded_strategies_train_around_frozen_weights_and_export_the_whole_model(job, name):
+    seen = torch.load(job / f"{name}.pt", weights_only=True)
+    assert seen["n_frozen"] > 0 and seen["n_moved"] > 0
+    assert seen["grads_of_frozen"] == [] and seen["state_of_frozen"] == [] and seen["moved_frozen"] == []
+    exported = transformers.AutoModelForCausalLM.from_pretrained(job / name / "model")
+    with torch.no_grad():
+        got = exported(input_ids=seen["ids"]).logits
+    torch.testing.assert_close(got, seen["logits"], atol=1e-5 if "lora" in name else 1e-6, rtol=0)
