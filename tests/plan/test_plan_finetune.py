@@ -189,3 +189,38 @@ def test_plan_cli_refuses_a_target_in_one_line():
     assert len(lines) == 1 and "lora.targets='c_attn'" in lines[0] and "q_proj" in lines[0]
     r = cli([*PLAN, "--freeze", "nothing.*"])
     assert r.rc == 2 and len(error_lines(r.err)) == 1 and "freeze='nothing.*'" in r.err
+
+
+def _docs(tmp_path, lengths=(100, 300, 50, 250, 200)):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": "x" * n}) + "\n" for n in lengths))
+    return str(path)
+
+
+def test_plan_data_sizes_activations_for_the_longest_row(tmp_path):
+    """--packing off: rows as long as the longest document (300 bytes -> 300 byte tokens + EOD, by hand), so the
+    plan equals the plan at --seq 300 without data; --packing on: full --seq rows, the plan at --seq 512."""
+    data = _docs(tmp_path)
+    mc = "n_layer=2,d_model=32,n_head=2,max_seq_len=512,vocab_size=257"  # the byte tokenizer's 256 ids + EOD
+    job = ["plan", "--model", "gpt-tiny", "--model-config", mc, "--global-batch", "8", "--device-memory", "64MiB",
+           "--device", "h100", "--top", "4", "--json"]
+    off = json.loads(cli([*job, "--seq", "512", "--data", data, "--packing", "off"]).out)
+    assert off["notes"][0].startswith("activations sized for rows of 300 tokens: the longest this data produces")
+    at_300 = json.loads(cli([*job, "--seq", "300"]).out)
+    on = json.loads(cli([*job, "--seq", "512", "--data", data, "--packing", "on"]).out)
+    assert "rows of 512 tokens" in on["notes"][0]
+    at_512 = json.loads(cli([*job, "--seq", "512"]).out)
+    peaks = [[p["peak_bytes_per_device"] for p in r["plans"]] for r in (off, at_300, on, at_512)]
+    assert peaks[0] == peaks[1] and peaks[2] == peaks[3] and max(peaks[0]) < max(peaks[2])
+
+
+def test_plan_data_takes_the_tokenizer_vocabulary_and_refuses_bad_data(tmp_path):
+    data = _docs(tmp_path)
+    r = cli(["plan", "--model", "gpt-tiny", "--global-batch", "8", "--device-memory", "1GiB", "--seq", "128",
+             "--data", data, "--write", str(tmp_path / "PLAN.toml")])
+    assert r.rc == 0, r.err
+    written = (tmp_path / "PLAN.toml").read_text()
+    assert "vocab_size=257" in written and f'data = "{data}"' in written
+    bad = cli(["plan", "--model", "gpt-tiny", "--global-batch", "8", "--device-memory", "1GiB",
+               "--data", str(tmp_path / "missing.jsonl")])
+    assert bad.rc == 2 and bad.out == "" and len(error_lines(bad.err)) == 1 and "data" in bad.err

@@ -18,9 +18,9 @@ from trainfit.plan.basis import analytic_basis
 from trainfit.plan.rules import Context
 from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
-from trainfit.plan.shapes import PlannedModel, plan_model
+from trainfit.plan.shapes import PlannedModel, parse_model_config, plan_model, run_spec
 from trainfit.plan.trainable import trainable
-from trainfit.presets import MODEL_HELP
+from trainfit.presets import GPT_PRESETS, MODEL_HELP
 from trainfit.probes.calibrate import (
     BASIS_SOURCES,
     basis_provider,
@@ -30,6 +30,7 @@ from trainfit.probes.calibrate import (
 )
 from trainfit.results import PlanReport, PlanRow
 from trainfit.tasks import make_task
+from trainfit.tasks.files import DataSpec, TextData, check_model_fits, load_text_data
 from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import Optimizer, choices, parse_lora, strategy_facts
 
@@ -146,12 +147,22 @@ def hf_config_keys(spec: str) -> Collection[str] | None:
         return None
 
 
-def check_model(model: str, model_config: str, seq: int) -> PlannedModel:
+def check_model(model: str, model_config: str, seq: int, *, data: DataSpec | None = None) -> PlannedModel:
     """The model to plan for, refused exactly where ``trainfit train`` would refuse it, before any search."""
     planned = plan_model(model, model_config, seq_len=seq, config_keys=hf_config_keys)
     if planned.check_task:  # train's own checks: token rules, transformers' validation, the user's callable
-        make_task(planned.model, model_config=planned.model_config, seq_len=seq)
+        make_task(planned.model, model_config=planned.model_config, seq_len=seq, data=data)
     return planned
+
+
+def data_model_config(model: str, model_config: str, text: TextData | None) -> str:
+    """``model_config`` with the vocabulary ``trainfit train`` takes from the data's tokenizer: a GPT built-in
+    whose ``vocab_size`` the user left open gets the tokenizer's (``tasks.builtin.gpt_task``)."""
+    if text is None or run_spec(model, model_config)[0] not in GPT_PRESETS:
+        return model_config
+    if "vocab_size" in parse_model_config(model_config):
+        return model_config
+    return ",".join(x for x in (model_config.strip(), f"vocab_size={text.vocab_size}") if x)
 
 
 def check_flags(args) -> dict:
@@ -195,9 +206,14 @@ def make_plan(args, flags: dict | None = None):
     space = SearchSpace(global_batch=flags["global_batch"], devices=devices, memory_bytes=flags["memory_bytes"],
                         headroom=flags["headroom"], **subsets)
     seq = flags["seq"]
-    planned = check_model(args.model, args.model_config, seq)
     job = {"lora": args.lora, "freeze": args.freeze,
            **{k: getattr(args, k) for k in FILE_DATA_FLAGS if getattr(args, k, None) is not None}}
+    spec = DataSpec.from_config(make_config({"seq_len": seq, **job}))  # None: the task's generated data
+    text = load_text_data(spec) if spec is not None else None  # read (and refused) as train reads it
+    planned = check_model(args.model, data_model_config(args.model, args.model_config, text), seq, data=spec)
+    if text is not None and planned.shape is not None:  # train's own refusals (check_task may skip the task)
+        check_model_fits(text, vocab_size=planned.shape.vocab_size, max_positions=None, seq_len=seq,
+                         model=planned.model)
     base = make_config({"model": planned.model, "model_config": planned.model_config, "seq_len": seq,
                         "optimizer": args.optimizer, **job})
     header: list[str] = []
@@ -205,7 +221,12 @@ def make_plan(args, flags: dict | None = None):
     if planned.shape is not None and (base.lora or base.freeze):
         tuned = trainable(planned.shape, freeze=base.freeze, lora=parse_lora(base.lora))
         header.append(tuned.description)
-    rows = seq
+    rows = seq  # tokens per row the activations are sized for: the longest row the data produces
+    if text is not None:
+        rows = min(text.longest, seq)
+        header.append(f"activations sized for rows of {rows:,} tokens: the longest this data produces"
+                      + (" (packing: full seq_len)" if base.packing else f" (packing off: its longest document, "
+                                                                          f"at most --seq {seq})"))
     basis, used = basis_provider(base, source=args.basis)
     if used == "analytic" and (tuned is not None or rows != seq):
         shape = planned.shape
