@@ -272,7 +272,7 @@ def _val_batches(cfg: RunConfig, run: Run) -> _Val | None:
     """This rank's share of the validation split, or None when evaluation is off."""
     if not cfg.eval_every:
         return None
-    ds = getattr(run.task, "val_dataset", lambda: None)()
+    ds = run.task.val_dataset()
     if ds is None:
         raise ConfigError("eval_every", cfg.eval_every, "0 for a task without a validation split",
                           "pass --val-fraction F or --val-data PATH with --data")

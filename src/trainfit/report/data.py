@@ -59,11 +59,41 @@ class LossSeries:
     loss_scale: list[float]
     skipped: list[int]
     """Steps (1-based, as in metrics.jsonl) where the optimizer step was skipped."""
+    val_steps: list[int] = field(default_factory=list)
+    """Steps where the validation loss was computed (``eval_every``); empty for a run without evaluation or a
+    log written before trainfit logged it."""
+    val_loss: list[float] = field(default_factory=list)
+    """Token-weighted validation loss at each of ``val_steps`` (NaN where not finite)."""
+    val_perplexity: list[float] = field(default_factory=list)
+    """exp(val_loss) at each of ``val_steps`` (NaN where absent or not finite)."""
+    lr: list[float] = field(default_factory=list)
+    """Learning rate of each step (NaN where the log has none: an older metrics.jsonl)."""
 
     @property
     def scaled(self) -> bool:
         """True when any step used a loss scale other than 1 (fp16 policies)."""
         return any(math.isfinite(s) and s != 1.0 for s in self.loss_scale)
+
+    @property
+    def lr_varies(self) -> bool:
+        """True when the logged learning rate changes over the run (a warm-up or a decaying schedule)."""
+        known = {v for v in self.lr if math.isfinite(v)}
+        return len(known) > 1
+
+    @property
+    def final_val(self) -> tuple[int, float, float] | None:
+        """(step, val loss, perplexity) of the last evaluation with a finite loss; None without one."""
+        for k, v, ppl in reversed(list(zip(self.val_steps, self.val_loss, self.val_perplexity))):
+            if math.isfinite(v):
+                return k, v, ppl if math.isfinite(ppl) else _exp_or_nan(v)
+        return None
+
+
+def _exp_or_nan(v: float) -> float:
+    try:
+        return math.exp(v)
+    except OverflowError:
+        return math.nan
 
 
 SETUP_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "world_size")
@@ -206,7 +236,11 @@ def loss_series(rows: list[dict]) -> LossSeries:
     loss = [_finite_or_nan(by_step[s].get("loss")) for s in steps]
     scale = [_finite_or_nan(by_step[s].get("loss_scale", 1.0)) for s in steps]
     skipped = [s for s in steps if by_step[s].get("stepped") is False]
-    return LossSeries(steps=steps, loss=loss, loss_scale=scale, skipped=skipped)
+    val_steps = [s for s in steps if by_step[s].get("val_loss") is not None]  # absent in older logs
+    return LossSeries(steps=steps, loss=loss, loss_scale=scale, skipped=skipped, val_steps=val_steps,
+                      val_loss=[_finite_or_nan(by_step[s]["val_loss"]) for s in val_steps],
+                      val_perplexity=[_finite_or_nan(by_step[s].get("val_perplexity")) for s in val_steps],
+                      lr=[_finite_or_nan(by_step[s].get("lr")) for s in steps])
 
 
 def train_time_parts(rows: list[dict]) -> dict[str, float]:
@@ -301,7 +335,7 @@ MAX_NOTES_PER_FILE = 20
 """Notes said for one file before the rest are counted in one more note (a page, not a log)."""
 
 METRIC_NUMBERS = ("loss", "loss_scale", "step_s", "forward_s", "backward_s", "backward_sync_s", "optimizer_s",
-                  "data_wait_s", "h2d_s")
+                  "data_wait_s", "h2d_s", "lr", "val_loss", "val_perplexity")
 """The numeric keys of a metrics.jsonl record the report reads (null, NaN and infinity allowed: a diverged step)."""
 
 _MAX_STEP = 2**53

@@ -144,13 +144,22 @@ def _loss_section(art: RunArtifacts, notes: list[str]) -> str:
     rows = [["optimizer steps", len(s.steps)], ["first loss", finite[0] if finite else math.nan],
             ["last loss", finite[-1] if finite else math.nan], ["skipped steps", len(s.skipped)],
             ["final loss scale", s.loss_scale[-1]]]
+    if s.final_val:  # a run with --eval-every; an older log has no such key and no such row
+        at, val, ppl = s.final_val
+        rows += [[f"final validation loss (step {fmt_num(at)})", val], ["final validation perplexity", ppl]]
+    known_lr = [v for v in s.lr if math.isfinite(v)]
+    if known_lr:
+        rows.append(["learning rate (first → last)" if s.lr_varies else "learning rate",
+                     f"{fmt_num(known_lr[0])} → {fmt_num(known_lr[-1])}" if s.lr_varies else known_lr[0]])
     trained = (f'<p class="cfg">Trained with: {_e(art.setup.describe())} (config.toml, the configuration that wrote '
                "metrics.jsonl).</p>" if art.setup else
                '<p class="cfg">Trained with: configuration not recorded (no readable config.toml in the run '
                "directory).</p>")
     out = ["<h2>Loss</h2>", trained, _table(["", "value"], rows),
            _chart(notes, "loss curve", f"Loss per optimizer step from metrics.jsonl; {len(s.skipped)} skipped "
-                  "step(s) marked with a red cross; steps whose loss is not finite are gaps.", plots.loss_png, s)]
+                  "step(s) marked with a red cross; steps whose loss is not finite are gaps"
+                  + (f"; validation loss (orange points) at {len(s.val_steps)} evaluation(s)" if s.val_steps else "")
+                  + ("; learning rate dashed, right axis" if s.lr_varies else "") + ".", plots.loss_png, s)]
     if s.scaled:
         out.append(_chart(notes, "loss scale", "Dynamic loss scale (halved on overflow, doubled after a run of "
                           "clean steps); red lines are skipped steps.", plots.loss_scale_png, s))

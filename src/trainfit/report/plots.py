@@ -84,13 +84,20 @@ def _label(text: str, limit: int = 70) -> str:
 
 
 def loss_png(s: LossSeries) -> bytes:
-    """Loss per optimizer step; skipped steps marked with a red cross. Non-finite losses are gaps."""
+    """Loss per optimizer step; skipped steps marked with a red cross; the validation loss as points where it
+    was computed; the learning rate on a second axis when it changes. Non-finite values are gaps."""
     plt = _plt()
     steps = [float(k) for k in s.steps]
     loss = [_plottable(v) for v in s.loss]
     with _quiet():
         fig, ax = plt.subplots(figsize=SIZE_IN)
-        ax.plot(steps, loss, color="#4C72B0", lw=1.4, label="loss (mean over the window's tokens)")
+        ax.plot(steps, loss, color="#4C72B0", lw=1.4, label="training loss (mean over the window's tokens)")
+        val = [_plottable(v) for v in s.val_loss]
+        if any(math.isfinite(v) for v in val):
+            ax.plot([float(k) for k in s.val_steps], val, color="#DD8452", lw=1.0, marker="o", ms=4, zorder=3,
+                    label="validation loss (token-weighted)")
+        if s.lr_varies:
+            _lr_axis(ax, steps, [_plottable(v) for v in s.lr])
         if s.skipped:
             finite = [v for v in loss if math.isfinite(v)]
             top = max(finite) if finite else 1.0
@@ -99,6 +106,16 @@ def loss_png(s: LossSeries) -> bytes:
             ax.scatter([float(k) for k in s.skipped], ys, marker="x", color="#C44E52", s=40, zorder=3,
                        label=f"skipped step ({len(s.skipped)})")
         return _per_step_png(fig, ax, "loss")
+
+
+def _lr_axis(ax, steps: list[float], lr: list[float]) -> None:
+    """The learning rate on a second y axis (right), dashed; its legend entry joins the main axis' legend."""
+    twin = ax.twinx()
+    (line,) = twin.plot(steps, lr, color="#8172B3", lw=1.0, ls="--", label="learning rate (right axis)")
+    twin.set_ylabel("learning rate")
+    twin.yaxis.set_major_formatter(tick_formatter(""))
+    twin.set_ylim(bottom=0)
+    ax.plot([], [], color=line.get_color(), lw=1.0, ls="--", label=line.get_label())  # one legend for both
 
 
 def loss_scale_png(s: LossSeries) -> bytes:
