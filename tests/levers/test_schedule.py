@@ -151,3 +151,47 @@ def test_resume_refuses_another_schedule(tmp_path):
     with pytest.raises(CheckpointError, match="steps=2"):  # the library refuses it too, before any step
         train(RunConfig(**{**TINY, **COSINE, "dataset_size": 4096, "steps": 4, "run_dir": cfg.run_dir}), resume=True,
               progress=False)
+
+
+# -- sharded checkpoints on 2 gloo ranks: zero1 (the optimizer's groups partitioned), warm-up + cosine ------------
+def _zero1_cfg(root, name: str):
+    from distributed.harness import ADAMW, BASE
+
+    from trainfit.config import make_config
+
+    return make_config({**BASE, **ADAMW, "strategy": "zero1", "weight_decay": 0.1, "schedule": "cosine",
+                        "warmup_steps": 2, "min_lr": 3e-4, "steps": 4, "checkpoint_every": 2,
+                        "keep_checkpoints": 5, "run_dir": str(root / name)})
+
+
+def zero1_killed_and_resumed(rank: int, root) -> None:
+    import shutil
+
+    import torch.distributed as dist
+
+    cfg = _zero1_cfg(root, "run")
+    groups = build_run(cfg).optimizer.optim.param_groups  # this rank's partition, group by group
+    assert sorted({g["weight_decay"] for g in groups}) == [0.0, 0.1], groups
+    train(cfg, progress=False)
+    dist.barrier()
+    if rank == 0:  # keep the uninterrupted result, then leave what a kill after step 2 leaves
+        ck = root / "run" / "checkpoints"
+        shutil.copytree(ck / "step-00000004.dcp", root / "straight.dcp")
+        shutil.rmtree(ck / "step-00000004.dcp")
+    dist.barrier()
+    train(cfg, resume=True, progress=False)
+
+
+@pytest.mark.distributed
+def test_zero1_resume_mid_schedule_on_two_ranks_is_bitwise(tmp_path):
+    from distributed.harness import errors, read_dcp_model, spawn
+
+    assert spawn(zero1_killed_and_resumed, tmp_path) == [0, 0], errors(tmp_path)
+    straight = read_dcp_model(tmp_path / "straight.dcp")
+    resumed = read_dcp_model(tmp_path / "run" / "checkpoints" / "step-00000004.dcp")
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "step-00000004.dcp" / "trainfit.json").read_text())
+    assert meta["schedule"]["last_epoch"] == 4
+    # by hand: warm-up 1/2, 1; then cosine from 1 to 0.1 over progress 1/2, 1
+    hand = [0.5, 1.0, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)), 0.1]
+    assert _logged_lr(tmp_path / "run") == pytest.approx([3e-3 * f for f in hand], rel=1e-12)
