@@ -29,6 +29,7 @@ from trainfit.checkpoint import atomic_write_bytes, restore_rng, rng_state
 from trainfit.config import RunConfig, dump_toml
 from trainfit.engine import StepResult, evaluate
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
+from trainfit.export import export_model
 from trainfit.levers.autofit import Fitter, resolve_auto
 from trainfit.meters.timers import PhaseTimer
 from trainfit.outputs import check_run_dir, claim_run_dir
@@ -36,11 +37,6 @@ from trainfit.run import Run, build_run
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import has_checkpoints
 from trainfit.tasks.base import to_device
-
-try:  # export.py is written beside this loop; until it lands the run exports nothing
-    from trainfit.export import export_model
-except ImportError:  # pragma: no cover - removed once trainfit.export exists
-    export_model = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +151,7 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
     try:
         for step in range(start, cfg.steps):
             done = step + 1
-            lr = _current_lr(run)  # the rate this step uses (a schedule moves it after the step)
+            lr = run.current_lr()  # the rate this step uses (the schedule moves it after the step)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(st.device)
             t0 = time.perf_counter()
@@ -197,7 +193,7 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
             if checkpoint_due(done, steps=cfg.steps, every=cfg.checkpoint_every, by_time=by_time):
                 run.save(done)
                 last_save = time.perf_counter()
-            if export_model is not None and (done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
+            if done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0):
                 model_dir = export_model(run, run_dir / "model")  # a collective: every rank calls it
     finally:
         fit.close()  # DataLoader workers stop here, not at the next garbage collection
@@ -306,12 +302,6 @@ def _exp(x: float) -> float:
         return math.exp(x)
     except OverflowError:
         return math.inf
-
-
-def _current_lr(run: Run) -> float:
-    """The learning rate of the next optimizer step."""
-    current = getattr(run, "current_lr", None)
-    return float(current()) if callable(current) else float(run.optimizer.param_groups[0]["lr"])
 
 
 def _skipped_before(path: Path, start: int) -> int:

@@ -88,6 +88,23 @@ def eval_zero3_worker(rank: int, root: Path) -> None:
     handle.remove()
     (root / f"rank{rank}.json").write_text(json.dumps({"sum": s, "count": n, "share": len(mine),
                                                        "forwards": len(forwards), "training": run.model.training}))
+    # The loop on the same 2 ranks: evaluation every 2 steps, and the checkpoint clock (rank 0 decides) run
+    # out at every step -- a rank deciding alone would leave the other in a sharded save's collectives.
+    import trainfit.train as loop
+
+    from .helpers import with_eval
+
+    real = loop.build_run
+
+    def build(cfg, **kw):
+        r = real(cfg, **kw)
+        r.task.val_dataset = val_dataset
+        return r
+
+    loop.build_run = build
+    cfg = with_eval(RunConfig(**TINY, strategy="zero3", steps=3, checkpoint_every=0, checkpoint_minutes=1e-9,
+                              keep_checkpoints=5, run_dir=str(root / "loop")), every=2)
+    loop.train(cfg, progress=False)
 
 
 @pytest.mark.distributed
@@ -111,3 +128,11 @@ def test_evaluate_on_two_zero3_ranks_with_unequal_shares_equals_one_rank(tmp_pat
     for r in ranks:
         assert r["count"] == count
         assert r["sum"] / r["count"] == pytest.approx(ref, rel=1e-6, abs=0)
+    from trainfit.strategies.dist_checkpoint import list_dcp
+
+    from .helpers import metrics
+
+    assert [p.name for p in list_dcp(tmp_path / "loop")] == [f"step-0000000{i}.dcp" for i in (1, 2, 3)]
+    log = metrics(tmp_path / "loop")
+    assert [r["step"] for r in log if "val_loss" in r] == [2, 3]
+    assert all(r["val_tokens"] == count and math.isfinite(r["val_loss"]) for r in log if "val_loss" in r)

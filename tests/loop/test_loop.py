@@ -83,11 +83,15 @@ def test_eval_without_a_validation_split_is_refused_before_any_step(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_lr_and_cumulative_skips_are_logged(tmp_path):
-    train(RunConfig(**TINY, steps=2, run_dir=str(tmp_path)), progress=False)
-    log = metrics(tmp_path)
+def test_the_lr_each_step_used_and_cumulative_skips_are_logged(tmp_path):
+    train(RunConfig(**TINY, steps=2, run_dir=str(tmp_path / "const")), progress=False)
+    log = metrics(tmp_path / "const")
     assert [r["lr"] for r in log] == [TINY["lr"]] * 2  # constant schedule, no warm-up: the configured lr
     assert [r["skipped_steps"] for r in log] == [0, 0]
+    train(RunConfig(**TINY, steps=4, warmup_steps=2, schedule="linear", min_lr=0.002,
+                    run_dir=str(tmp_path / "sched")), progress=False)
+    # by hand (docs/schedule.md): warm-up (s+1)/W of 0.01, then 1 - (1 - 0.2) * (s+1-W)/(T-W)
+    assert [r["lr"] for r in metrics(tmp_path / "sched")] == pytest.approx([0.005, 0.01, 0.006, 0.002], rel=1e-12)
 
 
 @pytest.mark.parametrize("done,every,by_time,due", [(3, 0, False, False), (3, 0, True, True), (4, 2, False, True),
