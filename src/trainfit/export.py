@@ -37,13 +37,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch._guards import detect_fake_mode
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from trainfit.checkpoint import list_checkpoints, load_latest
 from trainfit.config import RunConfig
-from trainfit.errors import CheckpointError, ModelError
-from trainfit.levers.finetune import PEFT_PREFIX, base_name, merged_state_dict
+from trainfit.errors import CheckpointError, ConfigError, ModelError
+from trainfit.levers.finetune import merged_state_dict
 from trainfit.levers.precision import Precision
 from trainfit.presets import GPT_PRESETS, GPTConfig
 from trainfit.strategies.base import unwrap
@@ -215,3 +217,101 @@ def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
         except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: unusable either way
             raise CheckpointError(f"{f} is not a readable safetensors file ({type(e).__name__})") from None
     return sd
+
+
+# -- weights in: --init-from RUN_DIR -------------------------------------------------------------------------
+def _lora_scaling(config: object) -> float:
+    """alpha / r of the run that wrote a state (0 without LoRA): what its adapters add when merged."""
+    spec = parse_lora(config.get("lora", "")) if isinstance(config, dict) else None
+    return spec.alpha / spec.r if spec is not None else 0.0
+
+
+def _from_dcp(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The model tensors of a sharded checkpoint (the fp32 masters where it holds them), read whole by this
+    process alone (``no_dist``: every rank of a distributed run reads them itself)."""
+    try:
+        meta = json.loads((path / "trainfit.json").read_text())
+        layout = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - OSError, JSON, DCP's own: one line naming the checkpoint
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__})") from None
+    wanted: dict[str, dict[str, torch.Tensor]] = {"model": {}, "master": {}}
+    for key, m in layout.items():
+        part, _, name = key.partition(".")
+        if part in wanted and isinstance(m, TensorStorageMetadata):
+            wanted[part][name] = torch.empty(m.size, dtype=m.properties.dtype)
+    wanted = {k: v for k, v in wanted.items() if v}
+    try:
+        dcp.load(wanted, checkpoint_id=str(path), no_dist=True)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:160] if str(e) else ''})") from None
+    sd = {**wanted.get("model", {}), **wanted.get("master", {})}  # fp32 masters over the half weights
+    return sd, meta.get("config", {})
+
+
+def init_state(run_dir: str | Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The weights a trainfit run left, under the base model's names, and where they came from: its
+    ``model`` export if that holds full weights, else its newest checkpoint (one-file or sharded). LoRA
+    adapters in a checkpoint are merged into their base weights.
+
+    Raises:
+        ConfigError: ``init_from`` is no directory or holds neither an export nor a checkpoint.
+        CheckpointError: the newest checkpoint cannot be read.
+    """
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise ConfigError("init_from", str(run_dir), "an existing trainfit run directory")
+    export = d / "model"
+    if (export / WEIGHTS).is_file() or (export / WEIGHTS_INDEX).is_file():
+        if (export / WEIGHTS).is_file():
+            files = [export / WEIGHTS]
+        else:
+            files = [export / s for s in sorted(set(json.loads((export / WEIGHTS_INDEX).read_text())["weight_map"]
+                                                    .values()))]
+        return _read_safetensors(files), str(export)
+    sharded, single = list_dcp(d), list_checkpoints(d)
+    newest_single = int(single[-1].stem.split("-")[-1]) if single else -1
+    if sharded and int(sharded[-1].name.split("-")[1].split(".")[0]) >= newest_single:
+        sd, config = _from_dcp(sharded[-1])
+        source = str(sharded[-1])
+    elif single:
+        path, state = load_latest(d)
+        sd, config, source = state.get("model"), state.get("config", {}), str(path)
+        if not isinstance(sd, dict):
+            raise CheckpointError(f"checkpoint {path} holds no model weights")
+    else:
+        raise ConfigError("init_from", str(run_dir), "a trainfit run directory with an exported model/ or a "
+                          "checkpoint", "it holds neither; train that run first (checkpoints/ or model/)")
+    return merged_state_dict(sd, _lora_scaling(config)), source
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, run_dir: str | Path) -> str:
+    """Copy another run's weights (:func:`init_state`) into ``model``, as the task built it; returns where
+    they came from. Tied weights (one tensor under two names) need one of their names only.
+
+    Raises:
+        ConfigError: naming the first parameter or buffer whose name or shape differs.
+    """
+    if detect_fake_mode() is not None:  # the memory estimate: only shapes matter, and the task built them
+        return ""
+    sd, source = init_state(run_dir)
+    own = model.state_dict()
+    storages: dict[int, list[str]] = {}
+    for k, v in own.items():
+        storages.setdefault(v.untyped_storage().data_ptr(), []).append(k)
+    for k, v in own.items():
+        if k in sd:
+            if tuple(sd[k].shape) != tuple(v.shape):
+                raise ConfigError("init_from", str(run_dir), "a run of this model's shape",
+                                  f"{k} is {tuple(sd[k].shape)} in {source}, {tuple(v.shape)} here")
+        elif not any(t in sd for t in storages[v.untyped_storage().data_ptr()]):
+            raise ConfigError("init_from", str(run_dir), "a run of this model", f"{source} lacks {k}")
+    extra = [k for k in sd if k not in own]
+    if extra:
+        raise ConfigError("init_from", str(run_dir), "a run of this model",
+                          f"{source} holds {extra[0]}, which this model has not")
+    for k, v in own.items():
+        if k in sd:
+            v.copy_(sd[k])
+    return source

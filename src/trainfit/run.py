@@ -22,6 +22,7 @@ from trainfit.checkpoint import check_resumable, restore_rng, rng_state
 from trainfit.config import RunConfig
 from trainfit.engine import LossFn, StepResult, optimizer_step
 from trainfit.errors import CheckpointError, ConfigError
+from trainfit.export import init_weights
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
 from trainfit.levers.finetune import apply_lora, freeze, lora_block_names
@@ -167,6 +168,8 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     if not isinstance(model, nn.Module):
         raise ConfigError("model", cfg.model, "a factory returning a torch.nn.Module")
     # Weights in, then what trains: on the model as the task built it, before any wrapping (names as its own).
+    if cfg.init_from:
+        init_weights(model, cfg.init_from)  # weights only: optimizer, schedule and data order start fresh
     blocks = task.block_names(model)
     frozen = freeze(model, cfg.freeze)
     lora = parse_lora(cfg.lora)

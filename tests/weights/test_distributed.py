@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -32,3 +34,16 @@ def test_sharded_strategies_train_around_frozen_weights_and_export_the_whole_mod
     with torch.no_grad():
         got = exported(input_ids=seen["ids"]).logits
     torch.testing.assert_close(got, seen["logits"], atol=1e-5 if "lora" in name else 1e-6, rtol=0)
+
+
+def test_init_from_a_sharded_checkpoint(job, tmp_path):
+    """The zero3 run's DCP checkpoint, read whole by one process, holds what its export holds."""
+    from trainfit.config import make_config
+    from trainfit.run import build_run
+
+    shutil.copytree(job / "zero3-freeze" / "checkpoints", tmp_path / "source" / "checkpoints")
+    run = build_run(make_config(dict(model=f"hf:{job / 'llama'}", seq_len=16, init_from=str(tmp_path / "source"),
+                                     run_dir=str(tmp_path / "run"))))
+    want = transformers.AutoModelForCausalLM.from_pretrained(job / "zero3-freeze" / "model").state_dict()
+    for k, v in run.model.state_dict().items():
+        assert torch.equal(v, want[k]), k

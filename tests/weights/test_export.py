@@ -14,6 +14,7 @@ from trainfit.run import build_run
 
 from .conftest import GPT
 
+pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 
 

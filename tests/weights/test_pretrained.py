@@ -13,6 +13,7 @@ from reliability.cli_harness import check_promise, cli, error_lines, snapshot
 from trainfit.config import make_config
 from trainfit.run import build_run
 
+pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 
 
