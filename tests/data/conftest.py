@@ -7,8 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from trainfit.tasks.files import clear_cache
+
 STDLIB_JSON = Path(json.__file__).parent
 """The stdlib's own json package: five .py files of real text."""
+
+
+@pytest.fixture(autouse=True)
+def fresh_data_cache():
+    """Each test sees a fresh process's data cache and notes (a command prints its notes once)."""
+    clear_cache()
+    yield
+    clear_cache()
 
 
 @pytest.fixture

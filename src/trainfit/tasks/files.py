@@ -219,7 +219,7 @@ def _read(path: str, spec: DataSpec, tokenizer: TextTokenizer | None, *, field_n
         return _Docs(name=path, tokenizer=tok, texts=kept, skipped=len(every) - len(kept),
                      skipped_files=sources.skipped_files)
     arrays, skipped = [], 0
-    for ids, _ in tokenize_documents(texts, tok, progress=True, desc=f"tokenizing {path}"):
+    for ids, _ in tokenize_documents(texts, tok, progress=True, desc=f"tokenizing {path}", threads=False):
         if ids is None:
             skipped += 1
         else:
@@ -299,6 +299,12 @@ def note(message: str) -> None:
     if message not in _SAID:
         _SAID.add(message)
         print(f"trainfit: {message}", file=sys.stderr)
+
+
+def clear_cache() -> None:
+    """Forget loaded data and printed notes (a long-lived process that runs several commands, e.g. tests)."""
+    _CACHE.clear()
+    _SAID.clear()
 
 
 def _signature(path: str) -> tuple:

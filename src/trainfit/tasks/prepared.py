@@ -96,14 +96,16 @@ class TokenStore:
 
 
 def tokenize_documents(texts: Iterable[str], tokenizer: TextTokenizer, *, progress: bool = False,
-                       desc: str = "tokenizing") -> Iterable[tuple[np.ndarray | None, int]]:
+                       desc: str = "tokenizing", threads: bool = True) -> Iterable[tuple[np.ndarray | None, int]]:
     """Each document's tokens with its end-of-document id appended (None for one too short to give a label),
-    tokenized a batch at a time; with ``progress`` a tqdm bar on stderr counts documents."""
+    tokenized a batch at a time; with ``progress`` a tqdm bar on stderr counts documents. ``threads=False``: one
+    document at a time, for a process that forks DataLoader workers later (the tokenizers library disables its
+    thread pool in a child forked after using it, and says so on stderr in several lines)."""
     bar = tqdm(unit="doc", desc=desc, file=sys.stderr, disable=not progress, dynamic_ncols=True)
     batch: list[str] = []
 
     def flush():
-        for ids in tokenizer.encode_many(batch):
+        for ids in (tokenizer.encode_many(batch) if threads else map(tokenizer.encode, batch)):
             yield (np.append(ids, tokenizer.eod_id) if len(ids) + 1 >= MIN_DOC_TOKENS else None), len(ids)
         bar.update(len(batch))
         batch.clear()
