@@ -104,3 +104,16 @@ def test_lora_adapter_export_names_its_base(tmp_path, llama_dir):
     loaded = peft.AutoPeftModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, run.model(input_ids=ids).logits, atol=1e-6, rtol=0)
+
+
+def test_the_tokenizer_travels_with_an_hf_export(tmp_path, llama_dir):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", "the", "cat", "sat"])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]").save_pretrained(
+        tmp_path / "tok")
+    run, _ = _trained(tmp_path, steps=1, model=f"hf:{llama_dir}", tokenizer=str(tmp_path / "tok"))
+    out = export_model(run, tmp_path / "run" / "model")
+    loaded = transformers.AutoTokenizer.from_pretrained(out)
+    assert loaded("the cat sat dog")["input_ids"] == [2, 3, 4, 0] and loaded.eos_token == "[EOS]"
