@@ -101,6 +101,13 @@ def test_checkpointing_sgd_no_accumulation_pass():
     assert r.passed and r.update_max_rel_error < 1e-3
 
 
+def test_warmup_and_decay_groups_pass():
+    """The run's first step uses the warm-up's lr and the standard no-decay groups; so must the reference."""
+    r = verify(cfg(warmup_steps=4, schedule="cosine", weight_decay=0.5, lr=0.05))
+    assert r.passed, r.causes
+    assert r.update_max_rel_error < 1e-3
+
+
 # ------------------------------------------------------------------ planted bugs fail, naming the cause
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])

@@ -29,6 +29,7 @@ from torch import nn
 from trainfit.config import RunConfig
 from trainfit.data import global_indices, rank_micro_batches
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.levers.schedule import lr_factor
 from trainfit.results import VerifyReport  # the result type; also importable from here, as before
 from trainfit.run import Run, build_run, make_optimizer
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
@@ -143,7 +144,11 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
     idx = global_indices(0, global_batch, len(ds), cfg.seed)
     big = task.collate([ds[i] for i in idx])
     ref_grads = _reference_grads(ref, task, [big])
-    opt_ref = make_optimizer(cfg, ref_params)
+    opt_ref = make_optimizer(cfg, ref_params, model=ref)  # the same groups: no decay on biases, norms, embeddings
+    first_lr = cfg.lr * lr_factor(0, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+                                  lr=cfg.lr, min_lr=cfg.min_lr)  # the run's first step is at the schedule's start
+    for group in opt_ref.param_groups:
+        group["lr"] = first_lr
     for p, g in zip(ref_params, ref_grads):
         p.grad = g.clone()
     if cfg.grad_clip > 0:
