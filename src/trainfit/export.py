@@ -50,6 +50,7 @@ from trainfit.levers.precision import Precision
 from trainfit.presets import GPT_PRESETS, GPTConfig
 from trainfit.strategies.base import unwrap
 from trainfit.strategies.dist_checkpoint import list_dcp
+from trainfit.tasks.files import DataSpec, load_text_data
 from trainfit.tasks.gpt import GPT
 from trainfit.tasks.hf import WEIGHTS, WEIGHTS_INDEX, pretrained_dir, quiet_progress
 from trainfit.vocabulary import parse_lora
@@ -144,8 +145,8 @@ def _write(run: Exportable, sd: dict[str, torch.Tensor], out: Path) -> None:
         with quiet_progress():
             model.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
         _set_fp32(out / "config.json")
-        tok = Path(run.cfg.tokenizer)
-        if run.cfg.tokenizer != "byte" and tok.is_dir():
+        tok = Path(_tokenizer_dir(run.cfg))
+        if str(tok) and tok.is_dir():
             for name in TOKENIZER_FILES:
                 if (tok / name).is_file():
                     shutil.copy2(tok / name, out / name)
@@ -155,6 +156,14 @@ def _write(run: Exportable, sd: dict[str, torch.Tensor], out: Path) -> None:
     if isinstance(model, GPT):
         meta.update(dataclasses.asdict(model.cfg))
     _write_json(out / "config.json", meta)
+
+
+def _tokenizer_dir(cfg: RunConfig) -> str:
+    """The tokenizer directory the run's data was tokenized with: ``--tokenizer DIR``, or the one a prepared
+    token directory records (its sidecar); "" for the byte tokenizer."""
+    if cfg.data:
+        return load_text_data(DataSpec.from_config(cfg)).tokenizer_dir  # cached: read once per process
+    return cfg.tokenizer if cfg.tokenizer != "byte" else ""
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
