@@ -159,10 +159,15 @@ STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
 """What a one-file checkpoint must hold (:meth:`Run.state` writes them); ``config`` is read when present."""
 
 
+def task_of(cfg: RunConfig) -> Task:
+    """The configured task (model + data + loss): every probe that builds one builds this one."""
+    return make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
+                     dataset_size=cfg.dataset_size, data=DataSpec.from_config(cfg))
+
+
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
-    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                     dataset_size=cfg.dataset_size, data=DataSpec.from_config(cfg))
+    task = task_of(cfg)
     strategy = strategy or make_strategy(cfg)
     model = task.build_model()
     if not isinstance(model, nn.Module):

@@ -27,9 +27,8 @@ from trainfit.plan.shapes import shape_of
 from trainfit.probes.estimate import estimate_memory
 from trainfit.probes.memory import example_batch, measure_memory
 from trainfit.probes.profile import task_flop_counter
-from trainfit.run import build_run
+from trainfit.run import build_run, task_of
 from trainfit.strategies.launch import spawn_errors, spawn_local
-from trainfit.tasks import make_task
 from trainfit.tasks.base import to_device
 from trainfit.vocabulary import STRATEGIES, PrecisionName, StrategyName, precision_facts
 
@@ -52,8 +51,7 @@ def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, sou
     r1, r2 = rep(cfg, BASIS_BATCHES[0]), rep(cfg, BASIS_BATCHES[1])
     cfg2 = make_config({"accumulation": 2}, base=cfg)
     q1, q2 = rep(cfg2, BASIS_BATCHES[0]), rep(cfg2, BASIS_BATCHES[1])
-    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                     dataset_size=cfg.dataset_size)
+    task = task_of(cfg)
     counter = task_flop_counter(task, cfg.checkpointing)
     model_flops, hw_flops = counter.micro_batch(example_batch(task, 1))
     with torch.device("meta"):

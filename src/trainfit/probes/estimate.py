@@ -42,8 +42,7 @@ from trainfit.probes.memory import (
     with_batch,
 )
 from trainfit.results import MemoryReport, fold_modules, precision_notes
-from trainfit.run import build_run
-from trainfit.tasks import make_task
+from trainfit.run import build_run, task_of
 from trainfit.vocabulary import PARTS, STRATEGIES, EveryKthBlock, StrategyName, strategy_facts
 
 SHORTCUT_DEPTHS = (3, 4)
@@ -169,8 +168,7 @@ def _fake_batch(mode: FakeTensorMode, batch: Any) -> Any:
 def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
     """Build and step the run under fake tensors. Returns (run, tracker, stats, batch_size)."""
     if batch is None:
-        task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                         dataset_size=cfg.dataset_size)
+        task = task_of(cfg)
         batch = example_batch(task, cfg.micro_batch)  # small real tensors (token ids / images)
     n = next((t.shape[0] for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()), 1)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), contextlib.ExitStack() as branches:
@@ -275,8 +273,7 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
     t0 = time.perf_counter()
     cfg, given = with_batch(cfg, batch)
     cfg = dataclasses.replace(cfg, strategy=StrategyName.SINGLE, devices=1)  # traced on one device, sharded below
-    task = make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                     dataset_size=cfg.dataset_size)
+    task = task_of(cfg)
     if given is None:
         given = example_batch(task, cfg.micro_batch)
     why_not = shortcut_applies(cfg, task) if shortcut else "shortcut off"
