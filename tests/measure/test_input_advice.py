@@ -1,7 +1,12 @@
 """Input-bound advice for data read from files: `trainfit prepare` first, then workers, then pinned memory."""
 
+import json
+import sysconfig
+from pathlib import Path
+
 import pytest
 
+from tests.reliability.cli_harness import cli
 from trainfit.config import MAX_WORKERS
 from trainfit.probes.advice import Findings, advise, suggested_workers
 
@@ -62,3 +67,44 @@ def test_suggested_workers_by_hand(current, cpus, expected):
 
 def test_suggested_workers_never_exceed_what_a_run_may_start():
     assert suggested_workers(MAX_WORKERS, 1024) == MAX_WORKERS
+
+
+def _stdlib_docs(path, n_docs: int, chars: int) -> list[str]:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in lib.glob("*.py") if p.stat().st_size >= chars)[:n_docs]
+    texts = [p.read_text(encoding="utf-8", errors="replace")[:chars] for p in files]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return texts
+
+
+def _bpe(texts: list[str], out: Path, vocab: int = 512) -> Path:
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    out.mkdir()
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def test_profile_of_on_the_fly_bpe_finds_the_input_and_names_prepare(tmp_path, one_thread):
+    """A real `trainfit profile` of a tiny GPT (1 block, d_model 32) on 24 stdlib modules of 20,000 characters,
+    --packing off with a BPE tokenizer.json trained here: every row tokenizes its whole document (~20k chars) to
+    keep 33 tokens, which takes far longer than the model's step (a data wait of ~90%+ on 2 loaded cores), so the
+    0.10 threshold is crossed by a wide margin."""
+    docs = tmp_path / "docs.jsonl"
+    texts = _stdlib_docs(docs, 24, 20_000)
+    assert len(texts) == 24
+    tok = _bpe(texts[:8], tmp_path / "bpe")
+    r = cli(["profile", "--model", "gpt-tiny", "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "32",
+             "--micro-batch", "4", "--accumulation", "1", "--data", str(docs), "--packing", "off", "--tokenizer",
+             str(tok), "--steps", "3", "--warmup", "1", "--no-batch-probe", "--no-precision-probe", "--json",
+             "--run-dir", str(tmp_path / "run")])
+    assert r.rc == 0, r.err
+    rep = json.loads(r.out)
+    assert rep["bottleneck"] == "input" and rep["data_wait_frac"] > 0.5
+    first, second = rep["advice"][:2]
+    assert first["fix"] == "prepare" and f"trainfit prepare --data {docs}" in first["text"]
+    assert second["fix"] == "workers" and "--loader-workers" in second["text"]
