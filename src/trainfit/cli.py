@@ -162,6 +162,12 @@ first hour:
                                           choose precision, micro-batch, checkpointing and strategy before running
   trainfit report RUN_DIR                 one HTML page of what a run directory holds
 
+your model, your data:
+  trainfit prepare --data 'corpus/*.txt' --out tokens      tokenize once into a memory-mapped token file
+  trainfit train --model hf:CKPT_DIR --data tokens --val-fraction 0.05 --eval-every 100 --log tensorboard
+                                          fine-tune a local transformers checkpoint; RUN_DIR/model loads back
+                                          with from_pretrained (--lora r=8,alpha=16,targets=q_proj,v_proj)
+
 Every command takes --json (one object on stdout); train, memory, profile and verify also read a TOML config
 whose keys are the flags' names (micro_batch = 8).
 Bad input gives one line naming the field, the value and what is allowed, and exit status 2.
