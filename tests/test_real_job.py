@@ -6,6 +6,7 @@ model loaded back by ``transformers`` alone."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -13,24 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainfit.checkpoint import list_checkpoints, read_checkpoint
 
-from reliability.cli_harness import cli  # noqa: E402  (tests/ on sys.path)
+from loop.helpers import bitwise  # noqa: E402  (tests/ on sys.path)
+from reliability.cli_harness import cli  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = str(Path(json.__file__).parent / "*.py")  # 5 files of real Python, shipped with every Python
 
 
-def _equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def _log(run_dir: Path) -> list[dict]:
@@ -67,20 +62,17 @@ def test_fine_tune_a_local_checkpoint_on_real_text_killed_and_resumed_bitwise_th
     a, b = read_checkpoint(list_checkpoints(full)[-1]), read_checkpoint(list_checkpoints(cut)[-1])
     assert a["step"] == b["step"] == 6
     for key in ("model", "optimizer", "schedule", "rng"):
-        assert _equal(a[key], b[key]), key
+        assert bitwise(a[key], b[key]), key
     la, lb = _log(full), _log(cut)
     assert [x["step"] for x in lb] == [1, 2, 3, 4, 5, 6]
     for key in ("loss", "lr", "val_loss"):
         assert [x.get(key) for x in la] == [x.get(key) for x in lb], key
     assert [x["step"] for x in la if "val_loss" in x] == [2, 4, 6]
     # the schedule the run used, worked by hand: warm-up 1/2, 2/2, then cosine from 1e-3 to 1e-4 over 4 steps
-    import math
     cosine = [1e-4 + 0.9e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (1, 2, 3, 4)]
     assert [x["lr"] for x in la] == pytest.approx([5e-4, 1e-3, *cosine], rel=1e-9)
 
     # The exported model and tokenizer load with transformers alone and give the trained weights' logits.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(full / "model").eval()
     tok = AutoTokenizer.from_pretrained(full / "model")
     ids = tok("def loads(s):", return_tensors="pt").input_ids

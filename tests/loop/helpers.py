@@ -67,3 +67,15 @@ def reference_val_loss(model: torch.nn.Module, batches: list[dict]) -> tuple[flo
 def gpt_task(seed: int = 0):
     return make_task("gpt-tiny", model_config=TINY["model_config"], seq_len=TINY["seq_len"], seed=seed,
                      dataset_size=TINY["dataset_size"])
+
+
+def bitwise(a, b) -> bool:
+    """Two nested structures of tensors (state dicts, optimizer states, RNG states) hold identical bits."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(bitwise(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(bitwise(x, y) for x, y in zip(a, b))
+    return a == b
+

@@ -16,7 +16,7 @@ import torch
 
 from trainfit.checkpoint import list_checkpoints, read_checkpoint
 
-from .helpers import metrics
+from .helpers import bitwise, metrics
 
 from reliability.cli_harness import check_promise, cli, error_lines, snapshot  # noqa: E402  (tests/ on sys.path)
 
@@ -37,14 +37,6 @@ def _state(run_dir: Path):
     return s["model"], s["optimizer"]["state"], s["rng"]
 
 
-def _equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def test_resume_auto_starts_fresh_then_resumes_bitwise_on_file_data_with_eval(tmp_path):
@@ -60,7 +52,7 @@ def test_resume_auto_starts_fresh_then_resumes_bitwise_on_file_data_with_eval(tm
     assert out["val_loss"] == metrics(tmp_path / "split")[-1]["val_loss"]
     r = cli(["train", *FLAGS, *data, "--steps", "6", "--run-dir", str(tmp_path / "full")])
     assert r.rc == 0, r.err
-    assert _equal(_state(tmp_path / "full"), _state(tmp_path / "split"))
+    assert bitwise(_state(tmp_path / "full"), _state(tmp_path / "split"))
     a, b = metrics(tmp_path / "full"), metrics(tmp_path / "split")
     assert [x["step"] for x in b] == [1, 2, 3, 4, 5, 6]
     assert [x["loss"] for x in a] == [x["loss"] for x in b]
