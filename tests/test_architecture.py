@@ -28,6 +28,7 @@ LAYERS = {
     "trainfit.probes": 7,
     "trainfit.report": 8,
     "trainfit.commands": 9, "trainfit.cli": 9, "trainfit.__main__": 9, "trainfit": 9,
+    "trainfit.integrations": 9,
 }
 MAX_LAZY_IMPORTS = 6
 

@@ -1,0 +1,1 @@
+"""Meet users in the stack they already run: Hugging Face Trainer, Accelerate, Lightning."""
