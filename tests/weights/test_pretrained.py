@@ -71,3 +71,14 @@ def test_an_unusable_directory_is_refused_in_one_line(tmp_path, llama_dir, how, 
     assert r.rc == 2
     line = next(ln for ln in error_lines(r.err) if ln.startswith("trainfit: error:"))
     assert says in line, line
+
+
+def test_seq_len_above_a_pretrained_models_positions_names_the_limit_not_a_config_override(tmp_path, llama_dir):
+    """A pretrained directory's shape is fixed: the fix is a shorter --seq-len, not --model-config (refused)."""
+    before = snapshot(tmp_path)
+    r = cli(["train", "--model", f"hf:{llama_dir}", "--steps", "1", "--seq-len", "65", "--run-dir", str(tmp_path / "r")])
+    check_promise(r, tmp_path, before)
+    assert r.rc == 2
+    line = next(ln for ln in error_lines(r.err) if ln.startswith("trainfit: error:"))
+    assert "seq_len=65" in line and "max_position_embeddings=64" in line and "--seq-len 64 or less" in line, line
+    assert "--model-config" not in line, line

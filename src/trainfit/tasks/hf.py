@@ -375,7 +375,8 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     max_pos = getattr(config, "max_position_embeddings", None)
     if kind != "image" and isinstance(max_pos, int) and seq_len > max_pos:
         raise ConfigError("seq_len", seq_len, f"at most max_position_embeddings={max_pos} of {arch}",
-                          f"add max_position_embeddings={seq_len} to --model-config")
+                          f"{pretrained} was trained with {max_pos} positions; pass --seq-len {max_pos} or less"
+                          if pretrained else f"add max_position_embeddings={seq_len} to --model-config")
     vocab = getattr(config, "vocab_size", 0) or 0
     if kind != "image" and not (isinstance(vocab, int) and vocab >= 11):
         raise ConfigError("model_config.vocab_size", vocab, "an integer >= 11")
