@@ -1,0 +1,90 @@
+"""trainfit's measurement inside a Lightning run: ``TrainfitCallback`` (``lightning.pytorch.Callback``).
+
+    from trainfit.integrations.lightning_callback import TrainfitCallback
+    lightning.Trainer(max_steps=100, callbacks=[TrainfitCallback(measure_step=1)]).fit(module, loader)
+
+Writes ``metrics.jsonl`` (one line per optimizer step), ``memory.json`` (the memory parts of the measured
+step) and ``report.html`` into the trainer's log directory (or ``output_dir``). Hooks used:
+``on_train_batch_start`` .. ``on_before_backward`` (forward, incl. ``training_step``), ``on_before_backward`` ..
+``on_after_backward`` (backward), ``on_before_optimizer_step`` .. ``on_train_batch_end`` (optimizer step and
+zero_grad). With ``accumulate_grad_batches`` the window spans the batches up to the optimizer step.
+The training itself is not changed.
+"""
+
+from __future__ import annotations
+
+from trainfit.errors import ConfigError
+from trainfit.integrations.measure import MeasureOptions, StepMeter
+from trainfit.vocabulary import PrecisionName
+
+
+def _lightning():
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        raise ConfigError("lightning", "not installed", "the lightning package",
+                          "pip install 'trainfit[lightning]'") from None
+    return pl
+
+
+_PRECISION = {"32-true": PrecisionName.FP32, "32": PrecisionName.FP32, "16-mixed": PrecisionName.FP16_MIXED,
+              "16-true": PrecisionName.FP16_TRUE, PrecisionName.BF16_MIXED: PrecisionName.BF16_MIXED,
+              PrecisionName.BF16_TRUE: PrecisionName.BF16_TRUE}
+"""Lightning's precision names -> trainfit's (the bf16 ones are spelled the same)."""
+
+
+class TrainfitCallback(_lightning().Callback):
+    """Measure one optimizer step of a Lightning run and log every step the trainfit way.
+
+    Args:
+        measure_step: optimizer steps done before the measured one (>= 1; 1 = the second step).
+        output_dir: where the files go (default ``trainer.log_dir``, else ``trainer.default_root_dir``).
+
+    Raises:
+        ConfigError: a bad ``measure_step`` or ``output_dir``.
+    """
+
+    def __init__(self, measure_step: int = 1, output_dir: str | None = None) -> None:
+        self.options = MeasureOptions(measure_step=measure_step, output_dir=output_dir)
+        self.meter: StepMeter | None = None
+        self.report_path = None
+
+    def on_train_start(self, trainer, pl_module):
+        precision = _PRECISION.get(str(trainer.precision), str(trainer.precision))
+        self.meter = StepMeter(self.options, tool=f"lightning {_lightning().__version__}", precision=precision)
+        if trainer.is_global_zero:
+            self.meter.open(trainer.log_dir or trainer.default_root_dir)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.meter is not None:
+            self.report_path = self.meter.close()
+
+    def _scaler(self, trainer):
+        return getattr(trainer.precision_plugin, "scaler", None)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        m = self.meter
+        if not m._open_window:
+            opt = trainer.optimizers[0] if trainer.optimizers else None
+            m.step_begin(trainer.global_step, pl_module, opt)
+            self._lr = opt.param_groups[0]["lr"] if opt is not None else None
+        m.micro_batch(batch)
+        m.batch_size(batch)
+        m.forward_begin()
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.meter.forward_end()
+        self.meter.backward_begin()
+
+    def on_after_backward(self, trainer, pl_module):
+        self.meter.backward_end()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.meter.optimizer_begin(self._scaler(trainer))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        m = self.meter
+        if m._open_window and m._t_opt is not None:  # the optimizer stepped in this batch: the window ends
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            loss = loss.detach() if hasattr(loss, "detach") else loss
+            m.step_end(trainer.global_step, scaler=self._scaler(trainer), lr=self._lr, loss=loss)
