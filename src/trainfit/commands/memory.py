@@ -13,6 +13,7 @@ import sys
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
+from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.probes.batchfit import fit_batch_scaling, second_batch
 from trainfit.probes.estimate import estimate_memory
@@ -38,7 +39,10 @@ def register(sub) -> None:
                      help="run two real steps and measure the second (default)")
     how.add_argument("--estimate", dest="method", action="store_const", const="estimate",
                      help="trace the step under fake tensors: nothing is allocated (for models too big here)")
-    p.add_argument("--devices", "--world", dest="devices", type=int, default=1,
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="read the job from a transformers TrainingArguments JSON, an accelerate config YAML or "
+                        "Lightning Trainer arguments (flags override it)")
+    p.add_argument("--devices", "--world", dest="devices", type=int, default=None,
                    help="with --estimate: devices (ranks) to spread --strategy over (per-rank bytes, no processes "
                         "launched)")
     p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
@@ -51,6 +55,16 @@ def register(sub) -> None:
 
 def run(args) -> int:
     overrides = {"micro_batch": args.batch} if args.batch is not None else {}
+    found, overridden = (read_from(args.from_file), {}) if args.from_file else (None, {})
+    if found is not None:  # the other tool's file < explicit flags (said on stderr)
+        given = {k: getattr(args, k, None) for k in RUN_KEYS} | overrides | {"devices": args.devices}
+        applied, overridden = file_values(found, given)
+        args.devices = applied.pop("devices", args.devices)
+        applied.pop("nodes", None)  # --estimate counts ranks, not machines
+        overrides = applied | overrides
+        for line in found.lines(overridden):
+            print(line, file=sys.stderr)
+    args.devices = 1 if args.devices is None else args.devices
     cfg = config_from_args(args, **overrides)
     check_int("devices", args.devices, minimum=1)
     budget = parse_bytes("budget", args.budget) if args.budget is not None else None
@@ -85,6 +99,8 @@ def run(args) -> int:
                         keep_others=("precision", "checkpointing", "strategy", "batch", "method"))
     if args.json:
         out = report.to_dict()
+        if found is not None:
+            out["from"] = found.to_dict(overridden)
         out["activations_per_sample_bytes"] = round(scaling.activations_per_sample_bytes)
         out["scaling"] = scaling.to_dict()
         if per_rank:

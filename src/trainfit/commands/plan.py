@@ -13,6 +13,7 @@ import torch
 from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.integrations.read_config import plan_job, rank_note, read_from
 from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
 from trainfit.plan.basis import analytic_basis
 from trainfit.plan.rules import Context
@@ -49,11 +50,16 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="choose the levers for a job so it fits and runs fastest")
     p.add_argument("--model", default="gpt-tiny", help=MODEL_HELP)
     p.add_argument("--model-config", default="", help="key=value,... overrides")
-    p.add_argument("--global-batch", required=True, help="samples per optimizer step over all devices")
+    p.add_argument("--global-batch", help="samples per optimizer step over all devices (required unless --from "
+                                          "sets a per-device batch)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="the job of a transformers TrainingArguments JSON, an accelerate config YAML or Lightning "
+                        "Trainer arguments: global batch, devices, nodes (flags override it); says where its own "
+                        "configuration ranks")
     p.add_argument("--seq", "--seq-len", dest="seq_len", default="64", help="sequence length in tokens")
     p.add_argument("--device-memory", required=True, help="memory per device, e.g. 80GiB")
-    p.add_argument("--devices", default="1", help="total devices")
-    p.add_argument("--nodes", default="1", help="nodes the devices are spread over")
+    p.add_argument("--devices", help="total devices (default 1)")
+    p.add_argument("--nodes", help="nodes the devices are spread over (default 1)")
     p.add_argument("--device", default="h100", help=f"the device to plan for: {choices(DEVICES)} (default h100)")
     p.add_argument("--bandwidth-intra", help="per-device bandwidth inside a node, e.g. 450GB/s")
     p.add_argument("--bandwidth-inter", help="per-device bandwidth between nodes, e.g. 50GB/s")
@@ -167,6 +173,15 @@ def data_model_config(model: str, model_config: str, text: TextData | None) -> s
 
 def check_flags(args) -> dict:
     """Every flag parsed and range-checked, and every output path checked, before any work."""
+    found = read_from(args.from_file) if getattr(args, "from_file", None) else None
+    job, overridden = (plan_job(found, global_batch=args.global_batch, devices=args.devices, nodes=args.nodes)
+                       if found is not None else ({}, {}))
+    if found is None and args.global_batch is None:
+        raise ConfigError("global-batch", None, "an integer >= 1", "pass --global-batch N (or --from FILE)")
+    args.global_batch = job.get("global_batch", args.global_batch)
+    args.devices, args.nodes = job.get("devices", args.devices or "1"), job.get("nodes", args.nodes or "1")
+    if found is not None and args.optimizer == str(Optimizer.ADAMW):  # the default: the file's optimizer, if any
+        args.optimizer = str(found.values.get("optimizer", args.optimizer))
     devices, nodes = _int("devices", args.devices), _int("nodes", args.nodes)
     if devices % nodes:
         raise ConfigError("nodes", args.nodes, f"a divisor of devices={devices}", "every node holds the same number")
@@ -188,6 +203,7 @@ def check_flags(args) -> dict:
         intra=_rate("bandwidth-intra", args.bandwidth_intra), inter=_rate("bandwidth-inter", args.bandwidth_inter),
         row=device_row(args.device),
         write=check_output_file("write", args.write, force=args.force, suffix=".toml") if args.write else None,
+        found=(found, overridden) if found is not None else None,
     )
     if args.basis not in BASIS_SOURCES:
         raise ConfigError("basis", args.basis, BASIS_SOURCES)
@@ -296,7 +312,11 @@ def plan_config(entry, base, *, devices: int, global_batch: int):
 
 def run(args) -> int:
     flags = check_flags(args)  # every flag and output path refused before any work
+    for line in (flags["found"][0].lines(flags["found"][1]) if flags["found"] else ()):
+        print(line, file=sys.stderr)  # --from: what was read from the other tool's file, what ignored
     result, base, per_node, used, space, n_header = make_plan(args, flags)
+    if flags["found"]:
+        result.notes.append(rank_note(flags["found"][0], result.entries))
     shown = result.entries[:flags["top"]]
     write, toml_text = flags["write"], None
     if write is not None:
@@ -306,6 +326,8 @@ def run(args) -> int:
     out = None
     if args.json or args.report:
         out = plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()
+        if flags["found"]:
+            out["from"] = flags["found"][0].to_dict(flags["found"][1])
         text = dumps_json(out)  # strict JSON: made before anything is written, so a refusal leaves nothing
     # Everything that could refuse has run: only now is anything written.
     if toml_text is not None:

@@ -1,0 +1,507 @@
+"""Read another tool's training configuration into trainfit's terms (``memory --from``, ``plan --from``).
+
+Three formats, told apart by their keys (not the file name):
+
+- a Hugging Face ``TrainingArguments`` JSON (``args.to_json_string()``): per_device_train_batch_size,
+  gradient_accumulation_steps, bf16/fp16, gradient_checkpointing, fsdp (+ fsdp_config), deepspeed, optim;
+- an accelerate config YAML (``accelerate config``): distributed_type, mixed_precision, num_processes,
+  num_machines, fsdp_config, deepspeed_config;
+- Lightning ``Trainer`` arguments as JSON or YAML (flat, or the ``trainer:`` section of a LightningCLI
+  config): accumulate_grad_batches, precision, strategy, devices, num_nodes (and ``data.batch_size``).
+
+The core is pure: a mapping in, a :class:`FromConfig` out (RunConfig values, what was read, what was
+ignored). Only the settings that change the memory of a step or the job's shape are read; every other key
+is listed as ignored, so nothing is dropped silently. A value trainfit cannot represent (CPU offload, fp8,
+hybrid sharding) is refused naming the key, the value and what is allowed, never approximated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainfit.errors import ConfigError
+
+Tool = Literal["transformers", "accelerate", "lightning"]
+
+TOOL_LABELS: dict[str, str] = {
+    "transformers": "transformers TrainingArguments",
+    "accelerate": "accelerate config",
+    "lightning": "Lightning Trainer arguments",
+}
+
+SIGNATURES: dict[str, frozenset[str]] = {
+    "transformers": frozenset({"per_device_train_batch_size", "gradient_accumulation_steps", "output_dir",
+                               "per_device_eval_batch_size", "gradient_checkpointing", "learning_rate",
+                               "lr_scheduler_type", "optim", "fsdp", "deepspeed", "bf16", "fp16"}),
+    "accelerate": frozenset({"distributed_type", "mixed_precision", "compute_environment", "num_machines",
+                             "machine_rank", "main_training_function", "fsdp_config", "deepspeed_config",
+                             "downcast_bf16", "use_cpu"}),
+    "lightning": frozenset({"accumulate_grad_batches", "precision", "strategy", "devices", "num_nodes",
+                            "accelerator", "max_epochs", "gradient_clip_val", "log_every_n_steps",
+                            "check_val_every_n_epoch", "enable_checkpointing"}),
+}
+"""Keys that mark each format; the format with the most present wins (keys of one format only count)."""
+
+EXPECTED = ("a transformers TrainingArguments JSON (per_device_train_batch_size, gradient_accumulation_steps, ...), "
+            "an accelerate config YAML (distributed_type, mixed_precision, num_processes, ...) or Lightning Trainer "
+            "arguments as JSON/YAML (accumulate_grad_batches, precision, strategy, devices, ...)")
+
+FSDP_SHARDING = {"FULL_SHARD": "zero3", "SHARD_GRAD_OP": "zero2", "NO_SHARD": "ddp",
+                 "1": "zero3", "2": "zero2", "3": "ddp"}
+"""torch FSDP ShardingStrategy (by name, or accelerate's older 1-based number) -> trainfit strategy."""
+
+DEEPSPEED_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+"""DeepSpeed ZeRO stage -> trainfit strategy (stage 0 shards nothing: data parallel)."""
+
+ACCELERATE_PRECISIONS = {"no": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed"}
+LIGHTNING_PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+                        "16-mixed": "fp16-mixed", "16": "fp16-mixed", "bf16-true": "bf16-true",
+                        "16-true": "fp16-true"}
+"""Lightning precision (2.x names and the 1.x ones 32/16/bf16) -> trainfit precision. Lightning's ``*-true``
+keeps no fp32 master copy; trainfit's does (its optimizer state counts 4 more bytes per parameter)."""
+
+HF_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw": "adamw",
+                 "adam": "adam", "sgd": "sgd"}
+LIGHTNING_STRATEGIES = {"ddp": "ddp", "ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_find_unused_parameters_true": "ddp",
+                        "ddp_notebook": "ddp", "single_device": "single", "fsdp": "zero3",
+                        "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2", "deepspeed_stage_3": "zero3"}
+"""Lightning strategy names -> trainfit strategy ("fsdp" is FSDPStrategy's default FULL_SHARD)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FromConfig:
+    """Another tool's configuration, read: the trainfit values it sets and an account of every key."""
+
+    path: str
+    """The file as given."""
+    tool: Tool
+    """Which format the keys showed."""
+    values: Mapping[str, Any]
+    """RunConfig fields (plus ``devices``: total ranks, ``nodes``: machines) and the value the file sets."""
+    read: Mapping[str, Any]
+    """The file's keys that were read (dotted for nested ones) and their values as written."""
+    ignored: tuple[str, ...] = field(default_factory=tuple)
+    """The file's keys not read (dotted for nested ones), sorted."""
+
+    def __post_init__(self) -> None:
+        assert self.tool in TOOL_LABELS, self.tool
+
+    def lines(self, overridden: Mapping[str, Any]) -> list[str]:
+        """What stderr says: one line for the settings read, one for those ignored, one for flags over them."""
+        sets = ", ".join(f"{k}={v}" for k, v in self.values.items())
+        read = ", ".join(f"{k}={_show(v)}" for k, v in self.read.items())
+        out = [f"trainfit: read from {self.path} ({TOOL_LABELS[self.tool]}): {read or 'nothing'} -> {sets or 'nothing'}",
+               f"trainfit: ignored from {self.path}: {', '.join(self.ignored) or 'nothing'}"]
+        if overridden:
+            out.append("trainfit: flags override the file: "
+                       + ", ".join(f"{k}={v} (file: {self.values[k]})" for k, v in overridden.items()))
+        return out
+
+    def to_dict(self, overridden: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``--json`` ``from`` object."""
+        return {"file": self.path, "format": self.tool, "read": dict(self.read), "sets": dict(self.values),
+                "ignored": list(self.ignored), "overridden": dict(overridden)}
+
+
+def _show(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+# -- files ---------------------------------------------------------------------------------------------------
+
+
+def load_mapping(path: str) -> dict[str, Any]:
+    """The file's top-level mapping: JSON, else YAML. Refused (naming the file and the formats expected) when
+    it is missing, unreadable, or not a mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("from", path, "an existing file: " + EXPECTED)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("from", path, EXPECTED, f"cannot read it as UTF-8 text: {e}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = _yaml_load(path, text)
+    if not isinstance(data, dict) or not data:
+        raise ConfigError("from", path, EXPECTED, "the file does not hold a mapping of settings")
+    return data
+
+
+def _yaml_load(path: str, text: str) -> Any:
+    try:
+        import yaml  # lazy: only YAML files need it; PyYAML comes with accelerate and transformers
+    except ImportError:
+        raise ConfigError("from", path, "a JSON file (reading YAML needs PyYAML)",
+                          "pip install 'trainfit[accelerate]'") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError("from", path, EXPECTED, f"neither valid JSON nor valid YAML: {first}") from None
+
+
+def detect(data: Mapping[str, Any], path: str) -> Tool:
+    """The format the keys show; refused when no format's keys are there or two tie."""
+    keys = set(data)
+    if isinstance(data.get("trainer"), dict):  # a LightningCLI config: the Trainer's arguments under trainer:
+        return "lightning"
+    scores = {tool: len(keys & sig - set().union(*(s for t, s in SIGNATURES.items() if t != tool)))
+              for tool, sig in SIGNATURES.items()}
+    best = max(scores.values())
+    winners = [t for t, n in scores.items() if n == best]
+    if best == 0 or len(winners) > 1:
+        raise ConfigError("from", path, EXPECTED, f"its keys ({', '.join(sorted(keys)[:6])}"
+                          f"{', ...' if len(keys) > 6 else ''}) match none of these formats")
+    return winners[0]
+
+
+def read_from(path: str) -> FromConfig:
+    """Read ``path`` into a :class:`FromConfig`.
+
+    Raises:
+        ConfigError: a missing or malformed file, one whose keys match no format, or a value trainfit cannot
+            map (the message names the key, the value and what is allowed).
+    """
+    data = load_mapping(path)
+    tool = detect(data, path)
+    reader = _Reader(path=path, data=data)
+    READERS[tool](reader)
+    return FromConfig(path=path, tool=tool, values=reader.values, read=reader.read,
+                      ignored=tuple(sorted(reader.unread())))
+
+
+# -- the pure mapping ---------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class _Reader:
+    """Walks one file's mapping: ``take`` marks a key read; whatever was never taken is ignored."""
+
+    path: str
+    data: Mapping[str, Any]
+    values: dict[str, Any] = field(default_factory=dict)
+    read: dict[str, Any] = field(default_factory=dict)
+    taken: set[str] = field(default_factory=set)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value at dotted ``key`` (marked read), or ``default`` where absent or null."""
+        node: Any = self.data
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return default
+            node = node[part]
+        self.taken.add(key)
+        if node is None:
+            return default
+        self.read[key] = node
+        return node
+
+    def set(self, name: str, value: Any) -> None:
+        self.values[name] = value
+
+    def refuse(self, key: str, value: Any, allowed: Any, fix: str = "") -> None:
+        raise ConfigError(f"{self.path}: {key}", value, allowed, fix)
+
+    def int_of(self, key: str, value: Any, minimum: int = 1) -> int:
+        ok = not isinstance(value, bool) and isinstance(value, (int, str)) and str(value).strip().lstrip("-").isdigit()
+        if not ok or int(value) < minimum:
+            self.refuse(key, value, f"an integer >= {minimum}")
+        return int(value)
+
+    def flag(self, key: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        self.refuse(key, value, "true or false")
+        raise AssertionError  # refuse raises
+
+    def unread(self) -> list[str]:
+        """Every leaf key (dotted) neither read nor under a key that was read."""
+        out: list[str] = []
+
+        def walk(node: Mapping[str, Any], prefix: str) -> None:
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if key in self.taken:
+                    continue
+                if isinstance(v, Mapping) and v and any(t.startswith(key + ".") for t in self.taken):
+                    walk(v, key + ".")
+                else:
+                    out.append(key)
+
+        walk(self.data, "")
+        return out
+
+
+def _deepspeed(r: _Reader, stage_key: str, stage: Any, offload: Mapping[str, Any]) -> None:
+    """A DeepSpeed ZeRO stage -> strategy; CPU/NVMe offload is refused (trainfit keeps every state on device)."""
+    n = r.int_of(stage_key, stage, minimum=0)
+    if n not in DEEPSPEED_STAGES:
+        r.refuse(stage_key, stage, "0, 1, 2 or 3")
+    for key, device in offload.items():
+        if device not in (None, "none", "None", False):
+            r.refuse(key, device, "none", "trainfit keeps parameters and optimizer state on the device; "
+                                          "no offload to model")
+    r.set("strategy", DEEPSPEED_STAGES[n])
+
+
+def _read_transformers(r: _Reader) -> None:
+    """TrainingArguments: the per-device batch, accumulation, AMP flags, checkpointing, FSDP/DeepSpeed, optim."""
+    if (mb := r.get("per_device_train_batch_size")) is not None:
+        r.set("micro_batch", r.int_of("per_device_train_batch_size", mb))
+    if (acc := r.get("gradient_accumulation_steps")) is not None:
+        r.set("accumulation", r.int_of("gradient_accumulation_steps", acc))
+    bf16, fp16 = r.get("bf16"), r.get("fp16")
+    if bf16 is not None or fp16 is not None:
+        bf16, fp16 = r.flag("bf16", bf16 or False), r.flag("fp16", fp16 or False)
+        if bf16 and fp16:
+            r.refuse("bf16", True, "bf16 or fp16, not both", "TrainingArguments refuses both too")
+        r.set("precision", "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32")
+    for key in ("gradient_checkpointing", "activation_checkpointing"):  # 4.x name, and 5.x's (both written)
+        if (ck := r.get(key)) is not None:
+            on = r.flag(key, ck) or r.values.get("checkpointing") == "full"
+            r.set("checkpointing", "full" if on else "none")
+    if (opt := r.get("optim")) is not None:
+        if str(opt) not in HF_OPTIMIZERS:
+            r.refuse("optim", opt, tuple(HF_OPTIMIZERS), "trainfit models torch AdamW/Adam/SGD state only")
+        r.set("optimizer", HF_OPTIMIZERS[str(opt)])
+    fsdp = r.get("fsdp")
+    if isinstance(fsdp, bool):  # transformers 5: fsdp=true, the sharding in fsdp_config.reshard_after_forward
+        words = []
+        if fsdp:
+            reshard = r.get("fsdp_config.reshard_after_forward", True)
+            r.set("strategy", "zero3" if r.flag("fsdp_config.reshard_after_forward", reshard) else "zero2")
+    else:
+        words = (fsdp.split() if isinstance(fsdp, str) else [str(w) for w in fsdp] if isinstance(fsdp, list)
+                 else r.refuse("fsdp", fsdp, "true/false, or a string or list such as 'full_shard auto_wrap'")
+                 if fsdp else [])
+    for key in ("fsdp_config.cpu_offload", "fsdp_config.offload_params"):
+        if (off := r.get(key)) not in (None, False, "false"):
+            r.refuse(key, off, "false", "trainfit keeps parameters on the device; no offload to model")
+    modes = [w for w in words if w != "auto_wrap"]
+    if "offload" in modes:
+        r.refuse("fsdp", fsdp, "full_shard, shard_grad_op or no_shard (with auto_wrap)",
+                 "trainfit keeps parameters on the device; no offload to model")
+    if modes:
+        if len(modes) != 1 or modes[0].upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
+            r.refuse("fsdp", fsdp, "full_shard, shard_grad_op or no_shard (with auto_wrap)")
+        r.set("strategy", FSDP_SHARDING[modes[0].upper()])
+    if (ck2 := r.get("fsdp_config.activation_checkpointing")) is not None and r.flag(
+            "fsdp_config.activation_checkpointing", ck2):
+        r.set("checkpointing", "full")
+    ds = r.get("deepspeed")
+    if isinstance(ds, str) and ds:
+        ds = _deepspeed_file(r, ds)
+    if isinstance(ds, Mapping) and ds:
+        if "strategy" in r.values:
+            r.refuse("deepspeed", "set", "fsdp or deepspeed, not both")
+        zero = ds.get("zero_optimization") or {}
+        offload = {f"deepspeed.zero_optimization.{k}.device": (zero.get(k) or {}).get("device")
+                   for k in ("offload_optimizer", "offload_param")}
+        _deepspeed(r, "deepspeed.zero_optimization.stage", zero.get("stage", 0), offload)
+    elif ds:
+        r.refuse("deepspeed", ds, "a DeepSpeed config: a JSON file path or a mapping")
+
+
+def _deepspeed_file(r: _Reader, name: str) -> Mapping[str, Any]:
+    """The DeepSpeed JSON a TrainingArguments file names (relative to that file, then to the working directory)."""
+    for p in (Path(r.path).parent / name, Path(name)):
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError):
+                break
+            if isinstance(data, dict):
+                return data
+            break
+    r.refuse("deepspeed", name, "the path of a readable DeepSpeed JSON config (relative to the file or here)")
+    raise AssertionError
+
+
+def _read_accelerate(r: _Reader) -> None:
+    """accelerate config: processes and machines, mixed precision, the distributed type and its plug-in."""
+    machines = r.int_of("num_machines", r.get("num_machines", 1))
+    if (n := r.get("num_processes")) is not None:
+        r.set("devices", r.int_of("num_processes", n))
+    if machines != 1:
+        r.set("nodes", machines)
+    if (mp := r.get("mixed_precision")) is not None:
+        if str(mp) not in ACCELERATE_PRECISIONS:
+            r.refuse("mixed_precision", mp, tuple(ACCELERATE_PRECISIONS), "trainfit has no fp8 precision")
+        r.set("precision", ACCELERATE_PRECISIONS[str(mp)])
+    kind = str(r.get("distributed_type", "NO")).upper()
+    if kind == "NO":
+        r.set("strategy", "single")
+    elif kind in ("MULTI_GPU", "MULTI_CPU"):
+        r.set("strategy", "ddp")
+    elif kind == "FSDP":
+        if (off := r.get("fsdp_config.fsdp_offload_params")) is not None and r.flag("fsdp_config.fsdp_offload_params",
+                                                                                    off):
+            r.refuse("fsdp_config.fsdp_offload_params", off, "false", "trainfit keeps parameters on the device")
+        reshard, sharding = r.get("fsdp_config.fsdp_reshard_after_forward"), r.get("fsdp_config.fsdp_sharding_strategy")
+        if isinstance(reshard, str) and reshard.lower() not in ("true", "false"):  # FSDP1 configs put the name here
+            sharding, reshard = reshard, None
+        if reshard is not None:
+            r.set("strategy", "zero3" if r.flag("fsdp_config.fsdp_reshard_after_forward", reshard) else "zero2")
+        elif sharding is not None:
+            if str(sharding).upper() not in FSDP_SHARDING:
+                r.refuse("fsdp_config.fsdp_sharding_strategy", sharding, ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"))
+            r.set("strategy", FSDP_SHARDING[str(sharding).upper()])
+        else:
+            r.set("strategy", "zero3")  # accelerate's default: FULL_SHARD / reshard after forward
+        if (ck := r.get("fsdp_config.fsdp_activation_checkpointing")) is not None:
+            r.set("checkpointing", "full" if r.flag("fsdp_config.fsdp_activation_checkpointing", ck) else "none")
+    elif kind == "DEEPSPEED":
+        if (acc := r.get("deepspeed_config.gradient_accumulation_steps")) is not None and acc != "auto":
+            r.set("accumulation", r.int_of("deepspeed_config.gradient_accumulation_steps", acc))
+        offload = {f"deepspeed_config.{k}": r.get(f"deepspeed_config.{k}")
+                   for k in ("offload_optimizer_device", "offload_param_device")}
+        _deepspeed(r, "deepspeed_config.zero_stage", r.get("deepspeed_config.zero_stage", 0), offload)
+    else:
+        r.refuse("distributed_type", kind, ("NO", "MULTI_GPU", "MULTI_CPU", "FSDP", "DEEPSPEED"))
+
+
+def _read_lightning(r: _Reader) -> None:
+    """Lightning Trainer arguments (flat or under ``trainer:``), and a LightningCLI ``data`` batch size."""
+    pre = "trainer." if isinstance(r.data.get("trainer"), Mapping) else ""
+    nodes = r.int_of(pre + "num_nodes", r.get(pre + "num_nodes", 1))
+    if nodes != 1:
+        r.set("nodes", nodes)
+    devices = r.get(pre + "devices")
+    if isinstance(devices, list):
+        per_node = len(devices)
+    elif devices is None or str(devices).strip() in ("auto", "-1"):
+        per_node = None  # the machine decides: not read
+        if devices is not None:
+            r.read.pop(pre + "devices")
+            r.taken.discard(pre + "devices")
+    elif isinstance(devices, str) and "," in devices:
+        per_node = len([d for d in devices.split(",") if d.strip()])
+    else:
+        per_node = r.int_of(pre + "devices", devices)
+    if per_node is not None:
+        r.set("devices", per_node * nodes)
+    if (acc := r.get(pre + "accumulate_grad_batches")) is not None:
+        r.set("accumulation", r.int_of(pre + "accumulate_grad_batches", acc))
+    if (p := r.get(pre + "precision")) is not None:
+        if str(p) not in LIGHTNING_PRECISIONS:
+            r.refuse(pre + "precision", p, tuple(LIGHTNING_PRECISIONS))
+        r.set("precision", LIGHTNING_PRECISIONS[str(p)])
+    if (s := r.get(pre + "strategy")) is not None:
+        r.set("strategy", _lightning_strategy(r, pre + "strategy", s))
+    for key in ("data.batch_size", "data.init_args.batch_size"):
+        if (mb := r.get(key)) is not None:
+            r.set("micro_batch", r.int_of(key, mb))
+
+
+def _lightning_strategy(r: _Reader, key: str, s: Any) -> str:
+    if isinstance(s, Mapping):  # LightningCLI: {class_path: ...FSDPStrategy, init_args: {...}}
+        cls = str(s.get("class_path", "")).rsplit(".", 1)[-1]
+        args = s.get("init_args") or {}
+        if cls == "FSDPStrategy":
+            if args.get("cpu_offload"):
+                r.refuse(f"{key}.init_args.cpu_offload", args["cpu_offload"], "false")
+            name = str(args.get("sharding_strategy", "FULL_SHARD")).upper()
+            if name not in FSDP_SHARDING:
+                r.refuse(f"{key}.init_args.sharding_strategy", name, ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"))
+            return FSDP_SHARDING[name]
+        if cls == "DDPStrategy":
+            return "ddp"
+        if cls == "DeepSpeedStrategy":
+            n = r.int_of(f"{key}.init_args.stage", args.get("stage", 2), minimum=0)
+            if n not in DEEPSPEED_STAGES:
+                r.refuse(f"{key}.init_args.stage", n, "0, 1, 2 or 3")
+            return DEEPSPEED_STAGES[n]
+        r.refuse(f"{key}.class_path", s.get("class_path"), ("DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy"))
+    name = str(s)
+    if name == "auto":
+        return "ddp" if r.values.get("devices", 1) > 1 else "single"  # Lightning's choice for several devices
+    if name not in LIGHTNING_STRATEGIES:
+        r.refuse(key, s, ("auto", *LIGHTNING_STRATEGIES), "trainfit has no CPU offload or model parallelism")
+    return LIGHTNING_STRATEGIES[name]
+
+
+READERS: dict[str, Callable[[_Reader], None]] = {
+    "transformers": _read_transformers, "accelerate": _read_accelerate, "lightning": _read_lightning}
+
+
+# -- merging with flags --------------------------------------------------------------------------------------
+
+
+RUN_KEYS = ("micro_batch", "accumulation", "precision", "checkpointing", "strategy", "optimizer")
+"""The file's values that are RunConfig fields (``devices`` and ``nodes`` go to each command's own flags)."""
+
+
+def file_values(found: FromConfig, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the file's values into those that apply and those explicit flags override.
+
+    Args:
+        found: the file, read.
+        given: field -> the value of each flag given explicitly (None: not given).
+
+    Returns:
+        (values the file sets, field -> flag value for each flag that overrides a value of the file).
+    """
+    applied, overridden = {}, {}
+    for k, v in found.values.items():
+        if given.get(k) is not None:
+            if str(given[k]) != str(v):
+                overridden[k] = given[k]
+        else:
+            applied[k] = v
+    return applied, overridden
+
+
+JOB_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy")
+"""The file's choices ``plan --from`` looks for among the ranked plans."""
+
+
+def plan_job(found: FromConfig, *, global_batch: Any, devices: Any, nodes: Any) -> tuple[dict[str, Any], dict]:
+    """The job ``plan --from`` searches for: explicit flags (None: not given) over the file's values.
+
+    The global batch is the file's micro-batch x accumulation x devices where the flag is not given.
+
+    Returns:
+        ({"global_batch", "devices", "nodes"} as flag text, field -> flag value for each flag over the file).
+
+    Raises:
+        ConfigError: no --global-batch and the file sets no micro-batch to derive it from.
+    """
+    given = {"devices": devices, "nodes": nodes}
+    applied, overridden = file_values(found, given)
+    job = {"devices": str(devices if devices is not None else applied.get("devices", 1)),
+           "nodes": str(nodes if nodes is not None else applied.get("nodes", 1))}
+    mb = found.values.get("micro_batch")
+    if global_batch is None:
+        if mb is None:
+            raise ConfigError("global-batch", None, "an integer >= 1",
+                              f"{found.path} sets no per-device batch size: pass --global-batch N")
+        try:
+            n_dev = int(job["devices"])
+        except ValueError:
+            n_dev = 1  # check_flags refuses the text itself
+        global_batch = mb * found.values.get("accumulation", 1) * n_dev
+    elif mb is not None:
+        overridden["global_batch"] = global_batch
+    job["global_batch"] = str(global_batch)
+    return job, overridden
+
+
+def rank_note(found: FromConfig, entries: list) -> str:
+    """Where the file's own configuration lands among the ranked plans (``entries``, best first)."""
+    mine = {k: str(found.values[k]) for k in JOB_KEYS if k in found.values}
+    if not mine:
+        return f"{found.path} sets none of {', '.join(JOB_KEYS)}: every plan above is an alternative"
+    what = ", ".join(f"{k}={v}" for k, v in mine.items())
+    for i, e in enumerate(entries, 1):
+        if all(str(getattr(e, k)) == v for k, v in mine.items()):
+            fits = "fits" if e.fits else "does not fit: " + "; ".join(e.reasons)
+            return f"the configuration of {found.path} ({what}) is plan #{i} of {len(entries)} ({fits})"
+    return f"the configuration of {found.path} ({what}) is not among the {len(entries)} plans searched"
