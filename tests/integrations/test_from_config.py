@@ -98,6 +98,16 @@ def test_lightning_by_hand(tmp_path, text, expected):
     found = read_from(_write(tmp_path / "trainer.yaml", text))
     assert found.tool == "lightning"
     assert dict(found.values) == expected
+    assert bool(found.notes) == ("16-true" in text)  # the master copy Lightning's *-true does not keep is said
+
+
+def test_deepspeed_json_named_by_training_arguments_and_devices_auto_ignored(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3, "offload_param": {"device": "none"}}}')
+    found = read_from(_write(tmp_path / "args.json", '{"per_device_train_batch_size": 2, "deepspeed": "ds.json"}'))
+    assert dict(found.values) == {"micro_batch": 2, "strategy": "zero3"}
+    found = read_from(_write(tmp_path / "t.json", '{"devices": "auto", "strategy": "auto", "precision": 16}'))
+    assert dict(found.values) == {"strategy": "single", "precision": "fp16-mixed"}  # Lightning 1.x "16": AMP
+    assert "devices" in found.ignored and "devices" not in found.read
 
 
 def test_memory_from_file_equals_the_same_flags(tmp_path):

@@ -86,6 +86,8 @@ class FromConfig:
     """The file's keys that were read (dotted for nested ones) and their values as written."""
     ignored: tuple[str, ...] = field(default_factory=tuple)
     """The file's keys not read (dotted for nested ones), sorted."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Where a mapped value differs from the tool's own in memory (said, never silent)."""
 
     def __post_init__(self) -> None:
         assert self.tool in TOOL_LABELS, self.tool
@@ -96,6 +98,7 @@ class FromConfig:
         read = ", ".join(f"{k}={_show(v)}" for k, v in self.read.items())
         out = [f"trainfit: read from {self.path} ({TOOL_LABELS[self.tool]}): {read or 'nothing'} -> {sets or 'nothing'}",
                f"trainfit: ignored from {self.path}: {', '.join(self.ignored) or 'nothing'}"]
+        out.extend(f"trainfit: note: {n}" for n in self.notes)
         if overridden:
             out.append("trainfit: flags override the file: "
                        + ", ".join(f"{k}={v} (file: {self.values[k]})" for k, v in overridden.items()))
@@ -104,7 +107,7 @@ class FromConfig:
     def to_dict(self, overridden: Mapping[str, Any]) -> dict[str, Any]:
         """The ``--json`` ``from`` object."""
         return {"file": self.path, "format": self.tool, "read": dict(self.read), "sets": dict(self.values),
-                "ignored": list(self.ignored), "overridden": dict(overridden)}
+                "ignored": list(self.ignored), "overridden": dict(overridden), "notes": list(self.notes)}
 
 
 def _show(v: Any) -> str:
@@ -173,7 +176,7 @@ def read_from(path: str) -> FromConfig:
     reader = _Reader(path=path, data=data)
     READERS[tool](reader)
     return FromConfig(path=path, tool=tool, values=reader.values, read=reader.read,
-                      ignored=tuple(sorted(reader.unread())))
+                      ignored=tuple(sorted(reader.unread())), notes=tuple(reader.notes))
 
 
 # -- the pure mapping ---------------------------------------------------------------------------------------
@@ -188,6 +191,7 @@ class _Reader:
     values: dict[str, Any] = field(default_factory=dict)
     read: dict[str, Any] = field(default_factory=dict)
     taken: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value at dotted ``key`` (marked read), or ``default`` where absent or null."""
@@ -394,6 +398,10 @@ def _read_lightning(r: _Reader) -> None:
         if str(p) not in LIGHTNING_PRECISIONS:
             r.refuse(pre + "precision", p, tuple(LIGHTNING_PRECISIONS))
         r.set("precision", LIGHTNING_PRECISIONS[str(p)])
+        if str(p).endswith("-true") and str(p) != "32-true":
+            r.notes.append(f"Lightning's precision={p} keeps no fp32 master copy; trainfit's "
+                           f"{LIGHTNING_PRECISIONS[str(p)]} does (4 more bytes of optimizer state per trainable "
+                           f"parameter than Lightning uses)")
     if (s := r.get(pre + "strategy")) is not None:
         r.set("strategy", _lightning_strategy(r, pre + "strategy", s))
     for key in ("data.batch_size", "data.init_args.batch_size"):
