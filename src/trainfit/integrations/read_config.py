@@ -96,7 +96,8 @@ class FromConfig:
         """What stderr says: one line for the settings read, one for those ignored, one for flags over them."""
         sets = ", ".join(f"{k}={v}" for k, v in self.values.items())
         read = ", ".join(f"{k}={_show(v)}" for k, v in self.read.items())
-        out = [f"trainfit: read from {self.path} ({TOOL_LABELS[self.tool]}): {read or 'nothing'} -> {sets or 'nothing'}",
+        label = TOOL_LABELS[self.tool]
+        out = [f"trainfit: read from {self.path} ({label}): {read or 'nothing'} -> {sets or 'nothing'}",
                f"trainfit: ignored from {self.path}: {', '.join(self.ignored) or 'nothing'}"]
         out.extend(f"trainfit: note: {n}" for n in self.notes)
         if overridden:
