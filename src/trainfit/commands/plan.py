@@ -13,6 +13,7 @@ import torch
 from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
+from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan
 from trainfit.integrations.read_config import plan_job, rank_note, read_from
 from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
 from trainfit.plan.basis import analytic_basis
@@ -84,7 +85,10 @@ def register(sub) -> None:
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")
     p.add_argument("--run-dir", default="runs/default", help="where --report writes (default runs/default)")
     p.add_argument("--write", metavar="PLAN.toml", help="write the best plan as a config `trainfit train` runs")
-    p.add_argument("--force", action="store_true", help="let --write replace an existing file")
+    p.add_argument("--write-for", nargs=2, metavar=("TOOL", "FILE"),
+                   help=f"write the best plan as {choices(TOOLS)}'s own configuration (TrainingArguments JSON, "
+                        "accelerate config YAML, Lightning Trainer/Fabric JSON); prints what the tool cannot express")
+    p.add_argument("--force", action="store_true", help="let --write / --write-for replace an existing file")
     p.set_defaults(func=run)
 
 
@@ -202,6 +206,7 @@ def check_flags(args) -> dict:
         seq=_int("seq", args.seq_len, 2), top=_int("top", args.top),
         intra=_rate("bandwidth-intra", args.bandwidth_intra), inter=_rate("bandwidth-inter", args.bandwidth_inter),
         row=device_row(args.device),
+        write_for=check_write_for(args.write_for, force=args.force) if getattr(args, "write_for", None) else None,
         write=check_output_file("write", args.write, force=args.force, suffix=".toml") if args.write else None,
         found=(found, overridden) if found is not None else None,
     )
@@ -323,6 +328,13 @@ def run(args) -> int:
         if result.best is None:
             raise TrainfitError("plan: nothing fits, so there is no config to --write: " + "; ".join(result.notes))
         toml_text = dump_toml(plan_config(result.best, base, devices=per_node, global_batch=space.global_batch))
+    exported = None
+    if flags["write_for"] is not None:  # the same row, in the tool's own configuration
+        if result.best is None:
+            raise TrainfitError("plan: nothing fits, so there is no config to --write-for: " + "; ".join(result.notes))
+        exported = export_plan(flags["write_for"][0], plan_config(result.best, base, devices=per_node,
+                                                                 global_batch=space.global_batch),
+                               nodes=flags["nodes"], cpu=args.device == "cpu")
     out = None
     if args.json or args.report:
         out = plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()
@@ -332,6 +344,11 @@ def run(args) -> int:
     # Everything that could refuse has run: only now is anything written.
     if toml_text is not None:
         write.write_text(toml_text)
+    if exported is not None:
+        flags["write_for"][1].write_text(exported.text)
+        print(f"wrote {flags['write_for'][1]} for {exported.tool}; what it cannot express exactly:", file=sys.stderr)
+        for gap in exported.gaps:
+            print("  " + gap.line(), file=sys.stderr)
     if args.report:
         save_and_report(args.run_dir, "plan.json", out, report=True)  # claims the run dir checked above
     if args.json:

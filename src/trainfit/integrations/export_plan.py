@@ -1,0 +1,405 @@
+"""``trainfit plan --write-for TOOL FILE``: the plan's chosen row as another tool's own configuration.
+
+Most users train with the Hugging Face ``Trainer``, an Accelerate loop or Lightning. The planner's row --
+precision, micro-batch, accumulation, activation checkpointing, strategy, gradient sync, devices -- is
+written in that tool's vocabulary, and every lever the tool cannot express exactly is listed as a
+:class:`Gap`: what trainfit would do, and what the tool will do instead. Nothing is dropped quietly.
+
+* ``hf-trainer``: ``transformers.TrainingArguments`` keyword arguments as JSON (``TrainingArguments(
+  output_dir=..., **json.load(f))``); FSDP2 through ``fsdp=True, fsdp_config={"version": 2, ...}``
+  (transformers 5.x reads ``version``, default 2), ``every:K`` through
+  ``activation_checkpointing_kwargs={"every_n_layers": K}`` (checkpoints layers 0, K, 2K, ... as trainfit does).
+* ``accelerate``: an ``accelerate launch --config_file`` YAML as ``accelerate config`` writes it
+  (``ClusterConfig``). The file has no key for the micro-batch or the accumulation (its loader refuses
+  unknown keys): they are script settings, written as comments and listed as gaps.
+* ``lightning``: ``{"trainer": Trainer kwargs, "fabric": Fabric kwargs, "fsdp_strategy": FSDPStrategy
+  kwargs (zero2/zero3 only), "batch_size": micro-batch}`` as JSON.
+
+Pure: it maps a :class:`~trainfit.config.RunConfig` (the plan's row, as ``plan --write`` writes it) to text.
+Whether a tool is installed is asked of ``importlib`` without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+
+from trainfit.config import RunConfig
+from trainfit.errors import ConfigError
+from trainfit.outputs import check_output_file
+from trainfit.vocabulary import (
+    EveryBlock,
+    EveryKthBlock,
+    GradSync,
+    NoCheckpointing,
+    Optimizer,
+    PrecisionName,
+    Schedule,
+    StrategyName,
+    mixed_counterpart,
+    precision_facts,
+    strategy_facts,
+)
+
+TOOLS = ("hf-trainer", "accelerate", "lightning")
+"""The tools ``--write-for`` writes a configuration for."""
+MODULES = {"hf-trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
+"""The package each tool is imported as."""
+EXTRAS = {"hf-trainer": "hf", "accelerate": "accelerate", "lightning": "lightning"}
+"""The pip extra that installs each tool: ``pip install 'trainfit[EXTRA]'``."""
+SUFFIXES = {"hf-trainer": ".json", "accelerate": ".yaml", "lightning": ".json"}
+"""What each written file holds (the file name may end as the user likes; this is the format)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gap:
+    """One lever the tool cannot express exactly."""
+
+    lever: str
+    """The plan's lever: precision, accumulation, checkpointing, strategy, grad_sync, micro_batch, ..."""
+    trainfit: str
+    """What the plan (trainfit) does."""
+    instead: str
+    """What the tool will do with the written configuration, and what to add by hand where it can."""
+
+    def line(self) -> str:
+        return f"{self.lever}: trainfit {self.trainfit}; instead {self.instead}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolConfig:
+    """A tool's configuration for one plan row: the file's text and the levers it cannot hold exactly."""
+
+    tool: str
+    text: str
+    """The file's contents (JSON or YAML)."""
+    values: dict
+    """What ``text`` holds, as Python values (the JSON object; for accelerate the YAML's keys)."""
+    gaps: tuple[Gap, ...]
+    script: dict
+    """Settings the tool takes in the training script, not in this file (accelerate: Accelerator kwargs)."""
+
+
+def check_tool(tool: str) -> str:
+    """Refuse an unknown tool (listing them) or one that is not installed (naming the extra); return it."""
+    if tool not in TOOLS:
+        raise ConfigError("write-for", tool, TOOLS)
+    try:
+        found = importlib.util.find_spec(MODULES[tool]) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError("write-for", tool, f"an installed tool ({MODULES[tool]} is not installed)",
+                          f"pip install 'trainfit[{EXTRAS[tool]}]'")
+    return tool
+
+
+def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False) -> ToolConfig:
+    """``cfg`` (the plan's row: ``cfg.devices`` per node) as ``tool``'s configuration.
+
+    Args:
+        tool: one of :data:`TOOLS`.
+        cfg: the RunConfig ``plan --write`` would write for the chosen row.
+        nodes: nodes the devices are spread over (``cfg.devices`` is per node).
+        cpu: the plan is for CPU processes (gloo), not accelerators.
+    Raises:
+        ConfigError: an unknown tool.
+    """
+    if tool not in TOOLS:
+        raise ConfigError("write-for", tool, TOOLS)
+    if cfg.micro_batch == "auto":
+        raise ConfigError("micro_batch", "auto", "an integer", "a plan row has a fixed micro-batch")
+    writer = {"hf-trainer": _hf_trainer, "accelerate": _accelerate, "lightning": _lightning}[tool]
+    return writer(cfg, nodes=nodes, cpu=cpu)
+
+
+# -- shared facts --------------------------------------------------------------------------------------------
+def _precision_gaps(cfg: RunConfig, tool: str, setting: str) -> tuple[PrecisionName, list[Gap]]:
+    """The autocast precision the tool runs: a master-copy precision becomes its mixed counterpart."""
+    p = precision_facts(cfg.precision)
+    if not p.master_copy:
+        return cfg.precision, []
+    mixed = mixed_counterpart(cfg.precision)
+    return mixed, [Gap(lever="precision", trainfit=f"keeps {p.weights} weights and an fp32 master copy the "
+                                                   f"optimizer updates ({cfg.precision})",
+                       instead=f"{setting}: {tool} has no master-copy mode, so fp32 weights and gradients with "
+                               f"{p.compute} autocast ({mixed}); the same bytes per parameter (4+4 vs 2+2+4), "
+                               f"the update in fp32 either way")]
+
+
+def _zero1_gap(instead: str) -> Gap:
+    return Gap(lever="strategy", trainfit="runs zero1: DDP with the optimizer state sharded "
+                                          "(ZeroRedundancyOptimizer), optimizer memory / devices",
+               instead=instead + "; the plan's memory figure assumed the sharded state -- replan with "
+                                 "--strategies ddp,zero2,zero3 if it no longer fits")
+
+
+def _token_gap(instead: str) -> Gap:
+    return Gap(lever="accumulation", trainfit="weights each micro-batch's loss sum by the whole window's token "
+                                              "count (all micro-batches, all ranks): the big batch's gradient",
+               instead=instead)
+
+
+def _windowed(cfg: RunConfig, nodes: int) -> bool:
+    """More than one micro-batch per optimizer step (over all ranks): where loss weighting can differ."""
+    return cfg.accumulation * _total_devices(cfg, nodes) > 1
+
+
+def _ckpt_name(cfg: RunConfig) -> str:
+    return cfg.checkpointing.spec
+
+
+def _total_devices(cfg: RunConfig, nodes: int) -> int:
+    return cfg.devices * nodes if strategy_facts(cfg.strategy).distributed else 1
+
+
+# -- Hugging Face Trainer ------------------------------------------------------------------------------------
+HF_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAM: "adamw_torch", Optimizer.SGD: "sgd"}
+HF_SCHEDULE = {Schedule.CONSTANT: "constant_with_warmup", Schedule.LINEAR: "linear", Schedule.COSINE: "cosine"}
+
+
+def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
+    gaps: list[Gap] = []
+    precision, more = _precision_gaps(cfg, "hf-trainer", "bf16/fp16=True")
+    gaps += more
+    s = strategy_facts(cfg.strategy)
+    args: dict = {
+        "per_device_train_batch_size": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.accumulation,
+        "learning_rate": cfg.lr,
+        "max_steps": cfg.steps,
+        "weight_decay": cfg.weight_decay,
+        "max_grad_norm": cfg.grad_clip,
+        "warmup_steps": cfg.warmup_steps,
+        "lr_scheduler_type": HF_SCHEDULE[cfg.schedule],
+        "optim": HF_OPTIM[cfg.optimizer],
+        "seed": cfg.seed,
+        "bf16": precision == PrecisionName.BF16_MIXED,
+        "fp16": precision == PrecisionName.FP16_MIXED,
+        "average_tokens_across_devices": True,
+    }
+    if cpu:
+        args["use_cpu"] = True
+    if cfg.min_lr > 0:
+        if cfg.schedule == Schedule.COSINE:
+            args["lr_scheduler_type"] = "cosine_with_min_lr"
+            args["lr_scheduler_kwargs"] = {"min_lr": cfg.min_lr}
+        elif cfg.schedule == Schedule.LINEAR:
+            gaps.append(Gap(lever="schedule", trainfit=f"decays linearly to min_lr={cfg.min_lr:g}",
+                            instead="lr_scheduler_type=linear decays to 0 at max_steps"))
+    if cfg.optimizer == Optimizer.ADAM and cfg.weight_decay > 0:
+        gaps.append(Gap(lever="optimizer", trainfit="runs Adam with L2 weight decay added to the gradient",
+                        instead="optim=adamw_torch decays the weights decoupled (AdamW)"))
+    # Accumulation: the Trainer counts the window's loss tokens (num_items_in_batch, summed over ranks with
+    # average_tokens_across_devices) and hands the count to a model whose forward takes it.
+    if _windowed(cfg, nodes):
+        gaps.append(_token_gap("the Trainer does the same (num_items_in_batch, average_tokens_across_devices=True) "
+                               "when the model's forward accepts **kwargs, as transformers' own models do; a "
+                               "model or compute_loss that returns a per-micro-batch mean gets a mean of means"))
+    ckpt = cfg.checkpointing
+    fsdp_config: dict | None = None
+    if s.fsdp:
+        fsdp_config = {"version": 2, "reshard_after_forward": s.reshard_after_forward}
+        if precision_facts(precision).autocast is not None:
+            gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {cfg.strategy} "
+                                                        "(MixedPrecisionPolicy reduce_dtype=float32)",
+                            instead=f"Accelerate's FSDP2 policy from bf16/fp16=True reduces in "
+                                    f"{precision_facts(precision).compute}"))
+    if isinstance(ckpt, NoCheckpointing):
+        args["activation_checkpointing"] = False
+    elif isinstance(ckpt, EveryBlock) and fsdp_config is not None:
+        fsdp_config["activation_checkpointing"] = True  # transformers: FSDP's own, no extra all-gather
+    elif isinstance(ckpt, (EveryBlock, EveryKthBlock)):
+        args["activation_checkpointing"] = True
+        if isinstance(ckpt, EveryKthBlock) and ckpt.k > 1:
+            args["activation_checkpointing_kwargs"] = {"every_n_layers": ckpt.k}
+            if fsdp_config is not None:
+                gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints every {ckpt.k}th block inside FSDP2",
+                                instead="activation_checkpointing with every_n_layers under FSDP: transformers "
+                                        "warns it adds an all-gather in backward"))
+    else:  # class:Name
+        args["activation_checkpointing"] = True
+        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints the modules of {_ckpt_name(cfg)}",
+                        instead="activation_checkpointing=True checkpoints every decoder layer the model marks "
+                                "(GradientCheckpointingLayer), whatever its class"))
+    if fsdp_config is not None:
+        args["fsdp"] = True
+        args["fsdp_config"] = fsdp_config
+        if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
+            args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    if cfg.strategy == StrategyName.ZERO1:
+        gaps.append(_zero1_gap("the Trainer has no ZeRO-1 outside DeepSpeed: launched with torchrun it runs "
+                               "DDP with the optimizer state replicated"))
+    if s.distributed:
+        args["ddp_backend"] = "gloo" if cpu else "nccl"
+        gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes per node x {nodes} node(s)",
+                        instead=f"not a TrainingArguments field: launch the script with torchrun "
+                                f"--nproc_per_node={cfg.devices} --nnodes={nodes}"))
+    text = json.dumps(args, indent=2) + "\n"
+    return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+
+
+# -- Accelerate ----------------------------------------------------------------------------------------------
+ACCELERATE_PRECISION = {PrecisionName.FP32: "no", PrecisionName.BF16_MIXED: "bf16", PrecisionName.FP16_MIXED: "fp16"}
+
+
+def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
+    gaps: list[Gap] = []
+    precision, more = _precision_gaps(cfg, "accelerate", "mixed_precision")
+    gaps += more
+    s = strategy_facts(cfg.strategy)
+    n = _total_devices(cfg, nodes)
+    if not s.distributed:
+        kind = "NO"
+    elif s.fsdp:
+        kind = "FSDP"
+    else:
+        kind = "MULTI_CPU" if cpu else "MULTI_GPU"
+    values: dict = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": kind,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": ACCELERATE_PRECISION[precision],
+        "num_machines": nodes if s.distributed else 1,
+        "num_processes": n,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": cpu,
+    }
+    script: dict = {"gradient_accumulation_steps": cfg.accumulation}
+    ckpt = cfg.checkpointing
+    if s.fsdp:
+        values["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": s.reshard_after_forward,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_offload_params": False,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_activation_checkpointing": isinstance(ckpt, EveryBlock),
+        }
+        if precision_facts(precision).autocast is not None:
+            gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {cfg.strategy} "
+                                                        "(MixedPrecisionPolicy reduce_dtype=float32)",
+                            instead=f"Accelerate's FSDP2 policy from mixed_precision reduces in "
+                                    f"{precision_facts(precision).compute}"))
+    if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
+        script["sync_each_batch"] = True
+    gaps.append(Gap(lever="micro_batch and accumulation",
+                    trainfit=f"runs micro-batches of {cfg.micro_batch}, {cfg.accumulation} per optimizer step",
+                    instead="accelerate's config file has no key for them (its loader refuses unknown keys): in "
+                            "the script, DataLoader(batch_size=" + str(cfg.micro_batch) + ") and "
+                            + _accelerator_call(script) + " (written as comments in the file)"))
+    if _windowed(cfg, nodes):
+        gaps.append(_token_gap("accelerator.backward divides each micro-batch's loss by gradient_accumulation_steps: "
+                               "a mean of means unless the loss is the micro-batch's sum over the window's token "
+                               "count (gathered across ranks) times gradient_accumulation_steps x num_processes"))
+    if not isinstance(ckpt, NoCheckpointing) and not (s.fsdp and isinstance(ckpt, EveryBlock)):
+        where = "fsdp_activation_checkpointing checkpoints every wrapped layer, so it is off" if s.fsdp else \
+            "the config file holds activation checkpointing only under FSDP"
+        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(cfg)}",
+                        instead=where + "; enable it in the script (a transformers model: "
+                                + _hf_enable_call(ckpt) + ")"))
+    if cfg.strategy == StrategyName.ZERO1:
+        gaps.append(_zero1_gap("accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP with the "
+                               "optimizer state replicated (or wrap the optimizer in "
+                               "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
+    lines = ["# accelerate launch --config_file THIS_FILE train.py  (written by trainfit plan --write-for accelerate)",
+             f"# in the script: DataLoader(batch_size={cfg.micro_batch}); {_accelerator_call(script)}"]
+    text = "\n".join(lines) + "\n" + _yaml(values)
+    return ToolConfig(tool="accelerate", text=text, values=values, gaps=tuple(gaps), script=script)
+
+
+def _accelerator_call(script: dict) -> str:
+    if script.get("sync_each_batch"):
+        return (f"Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin("
+                f"num_steps={script['gradient_accumulation_steps']}, sync_each_batch=True))")
+    return f"Accelerator(gradient_accumulation_steps={script['gradient_accumulation_steps']})"
+
+
+def _hf_enable_call(ckpt) -> str:
+    if isinstance(ckpt, EveryKthBlock) and ckpt.k > 1:
+        return f"model.activation_checkpointing_enable(every_n_layers={ckpt.k})"
+    return "model.activation_checkpointing_enable()"
+
+
+def _yaml(values: dict, indent: str = "") -> str:
+    """Block YAML of scalars and nested dicts; strings double-quoted (YAML 1.1 reads a bare NO/no as false)."""
+    out = []
+    for key, v in values.items():
+        if isinstance(v, dict):
+            out.append(f"{indent}{key}:\n" + _yaml(v, indent + "  "))
+        elif isinstance(v, bool):
+            out.append(f"{indent}{key}: {'true' if v else 'false'}")
+        elif isinstance(v, (int, float)):
+            out.append(f"{indent}{key}: {v}")
+        else:
+            out.append(f"{indent}{key}: {json.dumps(str(v))}")
+    return "\n".join(out) + "\n"
+
+
+# -- Lightning -----------------------------------------------------------------------------------------------
+LIGHTNING_PRECISION = {PrecisionName.FP32: "32-true", PrecisionName.BF16_MIXED: "bf16-mixed",
+                       PrecisionName.FP16_MIXED: "16-mixed"}
+
+
+def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
+    gaps: list[Gap] = []
+    precision, more = _precision_gaps(cfg, "lightning", 'precision="' + "bf16-mixed/16-mixed" + '"')
+    gaps += more
+    if precision_facts(cfg.precision).master_copy:
+        gaps[-1] = Gap(lever=gaps[-1].lever, trainfit=gaps[-1].trainfit,
+                       instead=f'precision="{LIGHTNING_PRECISION[precision]}": Lightning\'s '
+                               f'"{"bf16" if precision == PrecisionName.BF16_MIXED else "16"}-true" has no fp32 '
+                               f"master copy (the optimizer would update half weights), so fp32 weights with "
+                               f"autocast; the same bytes per parameter (4+4 vs 2+2+4)")
+    s = strategy_facts(cfg.strategy)
+    strategy = "auto" if not s.distributed else ("fsdp" if s.fsdp else "ddp")
+    devices = cfg.devices if s.distributed else 1
+    common = {"accelerator": "cpu" if cpu else "gpu", "devices": devices, "num_nodes": nodes if s.distributed else 1,
+              "precision": LIGHTNING_PRECISION[precision], "strategy": strategy}
+    trainer = {**common, "accumulate_grad_batches": cfg.accumulation, "max_steps": cfg.steps,
+               "gradient_clip_val": cfg.grad_clip if cfg.grad_clip > 0 else None, "gradient_clip_algorithm": "norm"}
+    values: dict = {"trainer": trainer, "fabric": dict(common), "batch_size": cfg.micro_batch}
+    if s.fsdp:
+        values["fsdp_strategy"] = {"sharding_strategy": "FULL_SHARD" if s.reshard_after_forward else "SHARD_GRAD_OP",
+                                   "state_dict_type": "sharded"}
+        gaps.append(Gap(lever="strategy", trainfit=f"runs {cfg.strategy} on FSDP2 (fully_shard)",
+                        instead=f"Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel) with "
+                                f"sharding_strategy={values['fsdp_strategy']['sharding_strategy']}: the same "
+                                f"ZeRO stage; pass strategy=FSDPStrategy(**fsdp_strategy)"))
+        if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
+            gaps.append(Gap(lever="grad_sync", trainfit="reduce-scatters gradients after every micro-batch",
+                            instead="Lightning has no setting for it; its strategy's own accumulation applies"))
+    if cfg.strategy == StrategyName.ZERO1:
+        gaps.append(_zero1_gap('strategy="ddp" replicates the optimizer state (or return '
+                               "torch.distributed.optim.ZeroRedundancyOptimizer from configure_optimizers)"))
+    ckpt = cfg.checkpointing
+    if not isinstance(ckpt, NoCheckpointing):
+        fsdp_hint = "; under fsdp, FSDPStrategy(activation_checkpointing_policy={YourBlock})" if s.fsdp else ""
+        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(cfg)}",
+                        instead="Trainer and Fabric take no activation-checkpointing argument: enable it in the "
+                                "model (a transformers model: " + _hf_enable_call(ckpt) + ")" + fsdp_hint))
+    if _windowed(cfg, nodes):
+        gaps.append(_token_gap("Lightning divides each training_step loss by accumulate_grad_batches: a mean of means "
+                               "unless training_step returns the micro-batch's sum over the window's token count "
+                               "times accumulate_grad_batches"))
+    text = json.dumps(values, indent=2) + "\n"
+    return ToolConfig(tool="lightning", text=text, values=values, gaps=tuple(gaps), script={})
+
+
+def check_write_for(pair, *, force: bool = False):
+    """``--write-for TOOL FILE`` checked before any work: a known, installed tool and a FILE that does not exist
+    (unless ``force``) whose name ends as the tool reads it (accelerate picks JSON or YAML by the extension).
+    Returns (tool, Path)."""
+    tool, path = pair
+    check_tool(tool)
+    p = check_output_file("write-for", path, force=force)
+    allowed = (".yaml", ".yml") if tool == "accelerate" else (SUFFIXES[tool],)
+    if p.suffix.lower() not in allowed:
+        raise ConfigError("write-for", str(p), f"a file name ending in {' or '.join(allowed)} for {tool}")
+    return tool, p

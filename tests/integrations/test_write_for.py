@@ -1,0 +1,232 @@
+"""``trainfit plan --write-for TOOL FILE``: each file loads with the tool's own parser and trains with it.
+
+The reference is the plan's own chosen row (``plan --json``, entry 0) and the tool's own objects: the
+Trainer's ``args``, Accelerate's ``ClusterConfig`` and ``Accelerator``, Lightning's ``Trainer`` -- and what
+the tool actually did in a 2-step CPU run (forward calls per step, samples per forward, which layers
+checkpoint). Distributed rows (zero1/zero3 on 2 devices) cannot run in one CPU process: their files are
+parsed and the tool's objects built, not trained.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from tests.reliability.cli_harness import check_promise, cli, error_lines, snapshot
+from trainfit.integrations import export_plan as ep
+
+# gpt-tiny on a 66 MiB CPU "device": the planner picks micro-batch 4 x accumulation 2 for a global batch of 8.
+SINGLE = ["plan", "--global-batch", "8", "--device-memory", "66MiB", "--device", "cpu", "--precisions", "bf16-mixed",
+          "--checkpointings", "every:2", "--strategies", "single", "--top", "1", "--json", "--basis", "analytic"]
+ZERO3 = ["plan", "--global-batch", "32", "--device-memory", "80GiB", "--devices", "2", "--precisions",
+         "bf16-true,bf16-mixed", "--checkpointings", "full", "--strategies", "zero3", "--top", "1", "--json",
+         "--basis", "analytic"]
+
+
+def _plan(tmp_path, base, tool, name):
+    path = tmp_path / name
+    r = cli([*base, "--write-for", tool, str(path)])
+    assert r.rc == 0, r.err
+    row = json.loads(r.out)["plans"][0]
+    return row, path, r.err
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Trainer and Accelerator share process-wide state; each test starts and ends without it."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def _tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=16, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0,
+                                      eos_token_id=0))
+
+
+def _count_forwards(model: nn.Module) -> list[int]:
+    sizes: list[int] = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]),
+                                    with_kwargs=True)
+    return sizes
+
+
+def test_hf_trainer_file_trains_with_the_plans_row(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    row, path, err = _plan(tmp_path, SINGLE, "hf-trainer", "args.json")
+    assert (row["micro_batch"], row["accumulation"]) == (4, 2)  # the planner's choice this test is about
+    kwargs = json.loads(path.read_text())
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **{**kwargs, "max_steps": 2}, report_to=[],
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    assert args.per_device_train_batch_size == row["micro_batch"]
+    assert args.gradient_accumulation_steps == row["accumulation"]
+    assert args.bf16 and not args.fp16 and args.activation_checkpointing
+    model = _tiny_gpt2()
+    sizes = _count_forwards(model)
+    rows = [{"input_ids": torch.randint(0, 64, (12,)), "labels": torch.randint(0, 64, (12,))} for _ in range(32)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = Trainer(model=model, args=args, train_dataset=rows)
+        trainer.train()
+    assert trainer.state.global_step == 2
+    assert sizes == [row["micro_batch"]] * (2 * row["accumulation"])
+    # every:2 -> layers 0 and 2 recompute in backward, 1 and 3 keep their activations (trainfit's every:K)
+    assert [blk.gradient_checkpointing for blk in model.transformer.h] == [True, False, True, False]
+    assert trainer.accelerator.mixed_precision == "bf16"
+
+
+def test_hf_trainer_zero3_is_fsdp2_full_shard(tmp_path):
+    from transformers import TrainingArguments
+
+    row, path, err = _plan(tmp_path, ZERO3, "hf-trainer", "args.json")
+    kwargs = json.loads(path.read_text())
+    assert kwargs["ddp_backend"] == "nccl"
+    # The file is for 2 GPU processes under torchrun; this is one CPU process: no bf16 GPU (use_cpu) and no
+    # process group to join (ddp_backend unset), the rest parsed by TrainingArguments as written.
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **{**kwargs, "ddp_backend": None}, report_to=[],
+                             use_cpu=True)
+    assert args.fsdp and args.fsdp_config["version"] == 2
+    assert args.fsdp_plugin_args["fsdp_version"] == 2 and args.fsdp_plugin_args["reshard_after_forward"] is True
+    assert args.fsdp_plugin_args["activation_checkpointing"] is True  # full, through FSDP's own
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * 2 == 32
+    assert "torchrun --nproc_per_node=2" in err
+
+
+def test_accelerate_config_loads_and_the_script_settings_train(tmp_path):
+    from accelerate import Accelerator
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    row, path, err = _plan(tmp_path, SINGLE, "accelerate", "acc.yaml")
+    cfg = load_config_from_file(str(path))
+    assert cfg.distributed_type == DistributedType.NO and cfg.num_processes == 1
+    assert cfg.mixed_precision == "bf16" and cfg.use_cpu
+    k = row["accumulation"]
+    assert f"DataLoader(batch_size={row['micro_batch']}); Accelerator(gradient_accumulation_steps={k})" in \
+        path.read_text()
+    assert "micro_batch and accumulation" in err and "checkpointing" in err  # said, not dropped
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=cfg.use_cpu, gradient_accumulation_steps=k)
+    assert acc.gradient_accumulation_steps == k and acc.mixed_precision == "bf16"
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.randn(4 * k * row["micro_batch"], 8), batch_size=row["micro_batch"])
+    model, opt, loader = acc.prepare(model, opt, loader)
+    steps = 0
+    for i, x in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(model(x).float().pow(2).mean())
+            opt.step()
+            opt.zero_grad()
+            steps += acc.sync_gradients
+        if i + 1 == 2 * k:
+            break
+    assert steps == 2  # 2k micro-batches of the plan's size -> 2 optimizer steps
+
+
+def test_accelerate_zero3_is_fsdp2(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    row, path, err = _plan(tmp_path, ZERO3, "accelerate", "acc.yaml")
+    cfg = load_config_from_file(str(path))
+    assert cfg.distributed_type == DistributedType.FSDP and cfg.num_processes == 2
+    assert cfg.fsdp_config["fsdp_version"] == 2 and cfg.fsdp_config["fsdp_reshard_after_forward"] is True
+    assert cfg.fsdp_config["fsdp_activation_checkpointing"] is True
+    assert cfg.mixed_precision == "bf16"
+    if row["precision"] == "bf16-true":  # the master-copy precision becomes bf16 autocast, said in one line
+        assert "precision: trainfit keeps bf16 weights and an fp32 master copy" in err
+
+
+def test_lightning_trainer_trains_with_the_plans_row(tmp_path):
+    import lightning.pytorch as pl
+
+    row, path, err = _plan(tmp_path, SINGLE, "lightning", "pl.json")
+    cfg = json.loads(path.read_text())
+    k, mb = row["accumulation"], row["micro_batch"]
+    calls: list[int] = []
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 1)
+
+        def training_step(self, batch, i):
+            calls.append(batch.shape[0])
+            return self.layer(batch).float().pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = pl.Trainer(**{**cfg["trainer"], "max_steps": 2}, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    assert trainer.accumulate_grad_batches == k and trainer.precision == "bf16-mixed"
+    loader = torch.utils.data.DataLoader(torch.randn(8 * k * mb, 8), batch_size=cfg["batch_size"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Tiny(), loader)
+    assert trainer.global_step == 2 and calls == [mb] * (2 * k)
+    assert "checkpointing: trainfit checkpoints every:2" in err  # Trainer has no argument for it: said
+
+
+def test_lightning_zero3_builds_fsdp_and_fabric(tmp_path):
+    import inspect
+
+    import lightning as L
+    import lightning.pytorch as pl
+    from lightning.fabric.strategies import FSDPStrategy as FabricFSDP
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    row, path, err = _plan(tmp_path, ZERO3, "lightning", "pl.json")
+    cfg = json.loads(path.read_text())
+    assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["devices"] == 2
+    assert cfg["trainer"]["strategy"] == "fsdp" and cfg["trainer"]["accumulate_grad_batches"] == row["accumulation"]
+    # Lightning refuses FSDP without a GPU: on this CPU the arguments are bound to the tool's own signatures and
+    # the strategy objects built, not run.
+    inspect.signature(pl.Trainer).bind(**cfg["trainer"])
+    inspect.signature(L.Fabric).bind(**cfg["fabric"])
+    for cls in (FSDPStrategy, FabricFSDP):
+        assert cls(**cfg["fsdp_strategy"]).sharding_strategy.name == "FULL_SHARD"  # zero3: params sharded too
+    assert "Lightning's FSDPStrategy is FSDP1" in err
+
+
+@pytest.mark.parametrize("tool", ep.TOOLS)
+def test_zero1_and_true_precision_are_listed_not_dropped(tool):
+    from trainfit.config import make_config
+
+    cfg = make_config({"strategy": "zero1", "precision": "fp16-true", "devices": 2, "micro_batch": 2,
+                       "accumulation": 3, "checkpointing": "class:Block"})
+    out = ep.export_plan(tool, cfg)
+    levers = {g.lever for g in out.gaps}
+    assert {"strategy", "precision", "checkpointing", "accumulation"} <= levers | {"micro_batch and accumulation"}
+    text = out.text
+    assert "fp16" in text or '"16-mixed"' in text  # the mixed counterpart, fp32 weights
+
+
+def test_bad_input_refused_in_one_line(tmp_path, monkeypatch):
+    existing = tmp_path / "args.json"
+    existing.write_text("{}")
+    base = ["plan", "--global-batch", "8", "--device-memory", "80GiB"]
+    for args, expect in ((["--write-for", "hf-trainer", str(existing)], "--force"),
+                         (["--write-for", "deepspeed", str(tmp_path / "d.json")], "hf-trainer, accelerate, lightning"),
+                         (["--write-for", "accelerate", str(tmp_path / "a.json")], ".yaml")):
+        before = snapshot(tmp_path)
+        r = cli([*base, *args], cwd=tmp_path)
+        assert r.rc == 2 and len(error_lines(r.err)) == 1 and expect in r.err, r.err
+        check_promise(r, tmp_path, before)
+    monkeypatch.setitem(ep.MODULES, "lightning", "lightning_not_installed_here")
+    before = snapshot(tmp_path)
+    r = cli([*base, "--write-for", "lightning", str(tmp_path / "pl.json")], cwd=tmp_path)
+    assert r.rc == 2 and "pip install 'trainfit[lightning]'" in r.err and len(error_lines(r.err)) == 1, r.err
+    check_promise(r, tmp_path, before)
