@@ -129,3 +129,34 @@ def test_bad_arguments_refused_at_construction(kw, field, tmp_path):
     with pytest.raises(ConfigError):
         HF(output_dir=str(f))
     assert f.read_text() == "x"
+
+
+def test_fp16_skipped_steps_and_loss_scale_from_a_real_grad_scaler(tmp_path):
+    """The meter's skipped count and loss scale vs what torch's GradScaler did (the weights did not move)."""
+    from trainfit.integrations.measure import MeasureOptions, StepMeter
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    meter = StepMeter(MeasureOptions(measure_step=99), tool="loop")
+    meter.open(tmp_path)
+    moved = []
+    for i, poison in enumerate([1.0, float("inf"), 1.0]):
+        before = model.weight.detach().clone()
+        meter.step_begin(i, model, opt)
+        x = torch.randn(2, 4)
+        meter.micro_batch(x)
+        loss = model(x).sum() * poison
+        scaler.scale(loss).backward()
+        meter.optimizer_begin(scaler)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        meter.step_end(i + 1, scaler=scaler, loss=loss.detach())
+        moved.append(not torch.equal(before, model.weight))
+    meter.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert moved == [True, False, True]
+    assert [r["stepped"] for r in lines] == moved
+    assert [r["skipped_steps"] for r in lines] == [0, 1, 1]
+    assert [r["loss_scale"] for r in lines] == [1024.0, 512.0, 512.0]  # GradScaler halves on overflow (backoff 0.5)
+    assert (tmp_path / "report.html").exists() and not (tmp_path / "memory.json").exists()
