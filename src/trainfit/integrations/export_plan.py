@@ -308,6 +308,10 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_zero1_gap("accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP with the "
                                "optimizer state replicated (or wrap the optimizer in "
                                "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
+    if s.distributed and nodes > 1:
+        gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes on each of {nodes} nodes",
+                        instead="machine_rank is written as 0 and main_process_ip is not written: set both in each "
+                                "node's copy (or pass --machine_rank / --main_process_ip to accelerate launch)"))
     lines = ["# accelerate launch --config_file THIS_FILE train.py  (written by trainfit plan --write-for accelerate)",
              f"# in the script: DataLoader(batch_size={cfg.micro_batch}); {_accelerator_call(script)}"]
     text = "\n".join(lines) + "\n" + _yaml(values)
