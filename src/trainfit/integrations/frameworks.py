@@ -297,7 +297,8 @@ def step_hf_trainer(w: Window, *, loss: str, micro_batch: int, lr: float = 1e-3,
                           "the Trainer's own loss path is what is verified; token-weighting is its job")
     model = w.build_model()
     if not isinstance(model, tf.PreTrainedModel) or not type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")):
-        raise ConfigError("model", type(model).__name__, "an hf: causal LM with --framework hf-trainer",
+        raise ConfigError("model", getattr(w.task, "name", type(model).__name__),
+                          "an hf: causal LM with --framework hf-trainer",
                           "the Trainer trains transformers models: e.g. --model hf:LlamaForCausalLM --model-config "
                           "num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
                           "num_key_value_heads=4,vocab_size=256")
