@@ -194,9 +194,10 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     # Accumulation: the Trainer counts the window's loss tokens (num_items_in_batch, summed over ranks with
     # average_tokens_across_devices) and hands the count to a model whose forward takes it.
     if _windowed(cfg, nodes):
-        gaps.append(_token_gap("the Trainer does the same (num_items_in_batch, average_tokens_across_devices=True) "
-                               "when the model's forward accepts **kwargs, as transformers' own models do; a "
-                               "model or compute_loss that returns a per-micro-batch mean gets a mean of means"))
+        gaps.append(_token_gap("the Trainer counts the window's tokens too (num_items_in_batch, "
+                               "average_tokens_across_devices=True) and passes them to a model whose forward takes "
+                               "**kwargs; how exact that is depends on the model's loss (trainfit verify --framework "
+                               "hf-trainer measures it); a per-micro-batch mean loss gets a mean of means"))
     ckpt = cfg.checkpointing
     fsdp_config: dict | None = None
     if s.fsdp:
