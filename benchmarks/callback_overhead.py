@@ -16,7 +16,7 @@ of the per-round ratio callback/plain of the mean step time (paired, so slow rou
 process's CPU time (robust to other jobs on a shared machine) and in wall time. For ``measuring``
 the measured step's own time is compared with the median of the other steps of that run.
 
-    .venv/bin/python benchmarks/callback_overhead.py --rounds 6 --steps 12   # ~4 min on a loaded 2-core CPU
+    .venv/bin/python benchmarks/callback_overhead.py --rounds 10 --steps 12   # ~5 min on a loaded 2-core CPU
     .venv/bin/python benchmarks/callback_overhead.py --rounds 2   # smoke run
 """
 
@@ -80,6 +80,30 @@ def run_once(model_dir: Path, out: Path, variant: str, steps: int) -> tuple[list
     return gaps, [b - a for a, b in zip(clock.cpu, clock.cpu[1:])], out
 
 
+def hook_cost_us(n: int = 20_000) -> float:
+    """CPU microseconds the meter's per-step calls take, alone (no model, no Trainer): every hook of a
+    non-measured step (one micro-batch) plus its metrics.jsonl line."""
+    from trainfit.integrations.measure import MeasureOptions, StepMeter
+    m = StepMeter(MeasureOptions(measure_step=10**9), tool="bench")
+    m.open(tempfile.mkdtemp())
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kw = {"input_ids": torch.zeros(B, T, dtype=torch.long), "labels": torch.zeros(B, T, dtype=torch.long)}
+    t = time.process_time()
+    for i in range(n):
+        m.step_begin(i, model, opt)
+        m.micro_batch(kw)
+        m.batch_size(kw)
+        m.forward_begin()
+        m.forward_end()
+        m.optimizer_begin(None)
+        m.optimizer_end()
+        m.step_end(i + 1, lr=0.1, split_backward=True)
+        m.log(i + 1, {"loss": 1.0, "grad_norm": 1.0, "learning_rate": 0.1})
+    m._flush()
+    return (time.process_time() - t) / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -122,6 +146,7 @@ def main() -> None:
         s = sorted(xs)
         return s[len(s) // 4], statistics.median(s), s[(3 * len(s)) // 4]
 
+    hook_us = hook_cost_us()
     lo, med, hi = q(ratios)
     mlo, mmed, mhi = q(measured_ratios)
     clo, cmed, chi = q(cpu_ratios)
@@ -132,9 +157,14 @@ def main() -> None:
              + "".join(f"| {v} | {statistics.median(xs) * 1e3:.1f} |\n" for v, xs in means.items())
              + f"\n**callback, not measuring / plain**, median of per-round ratios (IQR): process CPU time "
              f"**{cmed:.3f}** ({clo:.3f} to {chi:.3f}); wall {med:.3f} ({lo:.3f} to {hi:.3f})\n\n"
+             f"**the callback's own per-step work, alone** (all hooks of a step + its metrics.jsonl line, "
+             f"20,000 steps, CPU time): **{hook_us:.0f} us per step** = "
+             f"{hook_us * 1e-6 / statistics.median(means['plain']):.2%} of the plain step here\n\n"
              f"**measured step / median other step** of the measuring run: {mmed:.2f}x ({mlo:.2f} to {mhi:.2f}); "
-             "the `measuring` mean includes that step and the CPU peak calibration (~0.1-0.3 s, once).\n")
+             "the `measuring` mean leaves out the first steps (the measured one among them), so it has the same per-step "
+             "work as `callback`: their difference shows this machine's noise.\n")
     write_results("callback_overhead", {"wall_ratios": ratios, "cpu_ratios": cpu_ratios, "means_s": means, "measured_step_ratios": measured_ratios,
+                                        "hook_cost_us_per_step": hook_us,
                                         "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup}, table)
     print(table)
 

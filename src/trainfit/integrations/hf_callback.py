@@ -75,7 +75,7 @@ class TrainfitCallback(_transformers().TrainerCallback):
 
     def _pre(self, module, args, kwargs):
         m = self.meter
-        if m is not None and m._open_window and module.training:
+        if m is not None and m._open_window:  # evaluation runs between windows, so it is not counted
             batch = kwargs if "input_ids" in kwargs or not args else args[0]
             m.micro_batch(batch)
             m.batch_size(batch)

@@ -295,7 +295,8 @@ class StepMeter:
             details={"tool": self.tool, "measured_step": self.index + 1, "flops_per_step": total_flops,
                      f"flops_per_{self.unit[:-1]}": self.flops_per_item, "peak_flops_per_s": self.peak_flops_per_s,
                      "peak_source": self.peak_source})
-        write_text_atomic(self.out / MEMORY, dumps_json(self.memory.to_dict(), indent=1))
+        if self.out is not None:  # rank 0 only (the others measure their own step but write nothing)
+            write_text_atomic(self.out / MEMORY, dumps_json(self.memory.to_dict(), indent=1))
         self._done_tracker = self._done_flops = None
 
     _batch_size = 0
