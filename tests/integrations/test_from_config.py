@@ -185,3 +185,17 @@ def test_plan_without_global_batch_or_a_batch_in_the_file(tmp_path):
     r = cli(["plan", "--from", path, "--device-memory", "1GiB", *TINY], cwd=tmp_path)
     check_promise(r, tmp_path, before)
     assert r.rc == 2 and "--global-batch" in r.err
+
+
+@pytest.mark.parametrize("tool,ext", [("hf-trainer", "json"), ("lightning", "json")])
+def test_a_file_plan_wrote_for_a_tool_reads_back_as_the_plans_split(tmp_path, tool, ext):
+    """--write-for then --from: the micro-batch and accumulation the plan chose come back (accelerate's YAML has
+    no key for them, so it is not in this round trip)."""
+    out = tmp_path / f"cfg.{ext}"
+    r = cli(["plan", "--model", "gpt-tiny", "--model-config", "n_layer=1,d_model=32,n_head=2", "--global-batch", "16",
+             "--seq", "32", "--device-memory", "64MiB", "--device", "cpu", "--write-for", tool, str(out), "--json"])
+    assert r.rc == 0, r.err
+    best = next(p for p in json.loads(r.out)["plans"] if p["fits"])  # the row --write-for writes
+    assert (best["micro_batch"], best["accumulation"]) != (8, 4)  # not the defaults a lost key would give
+    values = read_from(str(out)).values
+    assert (values["micro_batch"], values["accumulation"]) == (best["micro_batch"], best["accumulation"])

@@ -405,7 +405,7 @@ def _read_lightning(r: _Reader) -> None:
                            f"parameter than Lightning uses)")
     if (s := r.get(pre + "strategy")) is not None:
         r.set("strategy", _lightning_strategy(r, pre + "strategy", s))
-    for key in ("data.batch_size", "data.init_args.batch_size"):
+    for key in ("data.batch_size", "data.init_args.batch_size", "batch_size"):  # batch_size: plan --write-for's
         if (mb := r.get(key)) is not None:
             r.set("micro_batch", r.int_of(key, mb))
 
