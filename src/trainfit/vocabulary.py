@@ -10,6 +10,7 @@ Adding a precision or a strategy = its implementation module + one row here + te
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -151,6 +152,37 @@ def parse_lora(spec: str) -> LoraSpec | None:
     if bad:
         raise ConfigError("lora.targets", bad[0], "module names (letters, digits, _ and .)")
     return LoraSpec(targets=tuple(dict.fromkeys(targets)), spec=spec.strip(), **values)
+
+
+def freeze_patterns(spec: str) -> list[str]:
+    """``--freeze 'a.*,b'`` -> ``['a.*', 'b']`` (blanks dropped)."""
+    return [p.strip() for p in spec.split(",") if p.strip()]
+
+
+def match_frozen(names: list[str], spec: str, *, of: str = "", allow_all: bool = False) -> list[str]:
+    """The parameter ``names`` that ``--freeze``'s fnmatch patterns select, in order: the one rule ``train``
+    (``levers.finetune``) and ``plan`` (``plan.trainable``) both apply. ``of`` names the model in the message.
+
+    Raises:
+        ConfigError: a pattern selecting nothing (naming it and a few names); unless ``allow_all``, patterns
+            selecting every parameter (nothing would train).
+    """
+    patterns = freeze_patterns(spec)
+    for pat in patterns:
+        if not any(fnmatch.fnmatchcase(n, pat) for n in names):
+            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            raise ConfigError("freeze", pat, f"a glob pattern matching parameter names{of}, e.g. {shown}",
+                              "patterns match whole names: add a '*'")
+    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if not allow_all and names and len(chosen) == len(names):
+        raise ConfigError("freeze", spec, "patterns leaving at least one parameter to train",
+                          f"they match all {len(names)} parameters")
+    return chosen
+
+
+def lora_target_matches(module_name: str, target: str) -> bool:
+    """peft's rule for a ``target_modules`` entry: the whole name, or its last dotted components."""
+    return module_name == target or module_name.endswith("." + target)
 
 
 PARTS = ("params", "grads", "optimizer", "activations", "temporaries")

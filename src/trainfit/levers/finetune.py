@@ -15,7 +15,6 @@ the merged weight) are functions of names and tensors; the shells apply them to 
 
 from __future__ import annotations
 
-import fnmatch
 import warnings
 from collections.abc import Iterable, Mapping
 
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from trainfit.errors import ConfigError, ModelError
-from trainfit.vocabulary import LoraSpec
+from trainfit.vocabulary import LoraSpec, freeze_patterns, lora_target_matches, match_frozen
 
 PEFT_PREFIX = "base_model.model."
 """What ``peft.get_peft_model`` puts before every module and parameter name of the model it wraps."""
@@ -32,35 +31,14 @@ _LORA_TYPES = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _LORA_TYPE_NAMES = ("Conv1D",)  # transformers.pytorch_utils.Conv1D (GPT-2): peft supports it, torch has no class
 
 
-# -- pure cores --------------------------------------------------------------------------------------------
-def split_patterns(spec: str) -> list[str]:
-    """``'a.*,b'`` -> ``['a.*', 'b']`` (blanks dropped)."""
-    return [p.strip() for p in spec.split(",") if p.strip()]
+# -- pure cores (the freeze and target rules are the vocabulary's, shared with plan.trainable) -----------
+split_patterns = freeze_patterns
+target_matches = lora_target_matches
 
 
 def frozen_names(names: Iterable[str], spec: str) -> list[str]:
-    """The parameter names ``spec``'s fnmatch patterns select, in model order.
-
-    Raises:
-        ConfigError: a pattern that selects nothing (naming it and a few parameter names), or patterns that
-            together select every parameter (nothing would train).
-    """
-    names = list(names)
-    patterns = split_patterns(spec)
-    for pat in patterns:
-        if not any(fnmatch.fnmatchcase(n, pat) for n in names):
-            raise ConfigError("freeze", pat, "a glob pattern matching parameter names, e.g. " + ", ".join(
-                names[:4]) + (", ..." if len(names) > 4 else ""), "patterns match whole names: add a '*'")
-    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
-    if names and len(chosen) == len(names):
-        raise ConfigError("freeze", spec, "patterns leaving at least one parameter to train",
-                          f"they match all {len(names)} parameters")
-    return chosen
-
-
-def target_matches(module_name: str, target: str) -> bool:
-    """peft's rule for a ``target_modules`` entry: the whole name, or its last dotted components."""
-    return module_name == target or module_name.endswith("." + target)
+    """The parameter names ``spec``'s fnmatch patterns select, in model order (:func:`vocabulary.match_frozen`)."""
+    return match_frozen(list(names), spec)
 
 
 def unmatched_target(modules: Mapping[str, str], targets: Iterable[str]) -> str | None:

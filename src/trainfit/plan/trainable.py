@@ -23,12 +23,11 @@ What the activations model (per token, in :func:`Trainable.saved_mm_elems`):
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 
 from trainfit.errors import ConfigError
 from trainfit.plan.shapes import TransformerShape
-from trainfit.vocabulary import LoraSpec
+from trainfit.vocabulary import LoraSpec, freeze_patterns, lora_target_matches, match_frozen
 
 INPUTS = ("attn_in", "o_in", "mlp_in", "down_in")
 """The saved matmul inputs of a block, by the Linear layers that read them: the attention input (q, k, v
@@ -125,7 +124,7 @@ def parameters(shape: TransformerShape) -> list[tuple[str, int, int | None]]:
 
 
 def _targets_matching(name: str, targets: tuple[str, ...]) -> bool:
-    return any(name == t or name.endswith("." + t) for t in targets)  # peft's rule for a list of targets
+    return any(lora_target_matches(name, t) for t in targets)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,18 +179,11 @@ def trainable(shape: TransformerShape, *, freeze: str = "", lora: LoraSpec | Non
     """
     params = parameters(shape)
     names = [n for n, _, _ in params]
-    patterns = [p.strip() for p in freeze.split(",") if p.strip()]
-    for pat in patterns:
-        if not any(fnmatch.fnmatchcase(n, pat) for n in names):
-            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-            raise ConfigError("freeze", pat, f"a glob pattern matching parameter names of {shape.family} "
-                              f"(e.g. {shown})", "patterns match whole names: add a '*'")
-    frozen = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    patterns = freeze_patterns(freeze)
     if lora is None and not patterns:
         return full_training(shape)
-    if lora is None and len(frozen) == len(names):
-        raise ConfigError("freeze", freeze, "patterns leaving at least one parameter to train",
-                          f"they match all {len(names)} parameters")
+    # the rule train applies; with LoRA the adapters train, so freezing every base weight is allowed
+    frozen = set(match_frozen(names, freeze, of=f" of {shape.family}", allow_all=lora is not None))
     mods = modules(shape)
     adapted: list[Module] = []
     if lora is not None:
