@@ -22,6 +22,9 @@ from trainfit.presets import MODEL_HELP
 from trainfit.vocabulary import (
     CHECKPOINT_SPECS,
     PRECISIONS,
+    CompileMode,
+    CompileScope,
+    OffloadPart,
     STRATEGIES,
     GradSync,
     LogSink,
@@ -85,6 +88,10 @@ RUN_FLAGS = {
     "eval_every": "validation loss every N steps and at the end",
     "eval_batches": "micro-batches per rank per evaluation (0: all)",
     "log": choices(LogSink) + " (metrics.jsonl is always written)",
+    "compile": "on/off: run the model through torch.compile",
+    "compile_mode": "torch.compile mode: " + choices(CompileMode),
+    "compile_scope": "what is compiled: " + choices(CompileScope),
+    "offload": "parts kept in host memory: none or comma-separated " + ", ".join(OffloadPart),
 }
 
 

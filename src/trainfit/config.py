@@ -21,6 +21,8 @@ from trainfit.outputs import check_path_text
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
     CheckpointPolicy,
+    CompileMode,
+    CompileScope,
     GradSync,
     LogSink,
     Optimizer,
@@ -31,6 +33,7 @@ from trainfit.vocabulary import (
     check_compatible,
     parse_checkpoint_policy,
     parse_lora,
+    parse_offload,
 )
 
 MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
@@ -40,7 +43,8 @@ MAX_SEED = 2**32 - 1
 """Largest seed: torch accepts 64 bits, but numpy's legacy generators and offsets added per rank need 32."""
 
 _ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer,
-          "schedule": Schedule, "log": LogSink, "text_errors": TextErrors}
+          "schedule": Schedule, "log": LogSink, "text_errors": TextErrors,
+          "compile_mode": CompileMode, "compile_scope": CompileScope}
 """Fields holding a typed name: validated against the vocabulary, then stored as the enum member."""
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +156,16 @@ class RunConfig:
     log: LogSink = LogSink.JSONL
     """Also write the per-step metrics as TensorBoard event files (RUN_DIR/tensorboard); metrics.jsonl always."""
 
+    # -- more levers: compile, offload ---------------------------------------------------------------------------
+    compile: bool = False
+    """Run the model through ``torch.compile`` (``levers/compile.py``)."""
+    compile_mode: CompileMode = CompileMode.DEFAULT
+    """``torch.compile``'s mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs."""
+    compile_scope: CompileScope = CompileScope.BLOCKS
+    """blocks: each repeated block compiled on its own (the whole model when it has none); model: one graph."""
+    offload: str = ""
+    """Comma-separated parts kept in host memory: optimizer, params (zero3), activations; "" keeps all on the device."""
+
     def __post_init__(self) -> None:
         for key, enum in _ENUMS.items():  # a typed name: check, then store the member
             check_choice(key, getattr(self, key), tuple(enum))
@@ -211,6 +225,9 @@ class RunConfig:
                               self.val_fraction or self.val_data, "a validation split of --data",
                               "pass --data PATH; the generated data has no validation split")
         parse_lora(self.lora)  # refuses a malformed spec, naming lora.<key>
+        if not isinstance(self.compile, bool):
+            raise ConfigError("compile", self.compile, "on or off (true or false)")
+        parse_offload(self.offload)  # refuses an unknown part, naming offload
         check_int("save_every", self.save_every, minimum=0)
         check_int("warmup_steps", self.warmup_steps, minimum=0)
         check_number("min_lr", self.min_lr, minimum=0.0, inclusive=True)

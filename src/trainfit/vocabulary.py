@@ -439,8 +439,35 @@ class ByClassName:
         return "class:" + ",".join(self.names)
 
 
-CheckpointPolicy = NoCheckpointing | EveryBlock | EveryKthBlock | ByClassName
-CHECKPOINT_SPECS = ("none", "full", "every:K", "class:Name[,Name]")
+@dataclass(frozen=True, kw_only=True)
+class SelectiveOps:
+    """Op-level selective checkpointing inside every block: the outputs of matmuls and attention are saved,
+    cheap pointwise ops are recomputed in backward (``torch.utils.checkpoint``'s selective-checkpoint contexts)."""
+
+    @property
+    def spec(self) -> str:
+        return "selective"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBudget:
+    """Keep at most ``fraction`` of the activation bytes that no checkpointing keeps (``budget:0.5``)."""
+
+    fraction: float
+    """Share in [0, 1] of the un-checkpointed activations kept (0: like full, 1: like none)."""
+
+    def __post_init__(self) -> None:
+        f = self.fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ConfigError("checkpointing", f"budget:{f}", "budget:F with a number F in [0, 1]")
+
+    @property
+    def spec(self) -> str:
+        return f"budget:{self.fraction:g}"
+
+
+CheckpointPolicy = NoCheckpointing | EveryBlock | EveryKthBlock | ByClassName | SelectiveOps | MemoryBudget
+CHECKPOINT_SPECS = ("none", "full", "every:K", "class:Name[,Name]", "selective", "budget:F")
 
 
 def parse_checkpoint_policy(spec: str) -> CheckpointPolicy:
@@ -458,4 +485,55 @@ def parse_checkpoint_policy(spec: str) -> CheckpointPolicy:
         return EveryKthBlock(k=k)
     if s.startswith("class:"):
         return ByClassName(names=tuple(n.strip() for n in s.split(":", 1)[1].split(",")))
+    if s == "selective":
+        return SelectiveOps()
+    if s.startswith("budget:"):
+        try:
+            fraction = float(s.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError("checkpointing", spec, "budget:F with a number F in [0, 1]") from None
+        return MemoryBudget(fraction=fraction)
     raise ConfigError("checkpointing", spec, CHECKPOINT_SPECS)
+
+
+# -- compile and offload ---------------------------------------------------------------------------------------
+class CompileScope(StrEnum):
+    """What ``torch.compile`` wraps (``levers/compile.py``)."""
+
+    BLOCKS = "blocks"
+    """Each repeated block on its own (torchtitan's pattern: one graph reused by every block)."""
+    MODEL = "model"
+    """The whole model as one graph."""
+
+
+class CompileMode(StrEnum):
+    """``torch.compile``'s ``mode``."""
+
+    DEFAULT = "default"
+    REDUCE_OVERHEAD = "reduce-overhead"
+    MAX_AUTOTUNE = "max-autotune"
+    MAX_AUTOTUNE_NO_CUDAGRAPHS = "max-autotune-no-cudagraphs"
+
+
+class OffloadPart(StrEnum):
+    """What ``--offload`` moves to host memory (``levers/offload.py``)."""
+
+    OPTIMIZER = "optimizer"
+    """Optimizer state (and its step) on the host; under zero3 with ``params``, FSDP2's CPUOffloadPolicy."""
+    PARAMS = "params"
+    """Parameters and gradients on the host between uses (zero3 only: FSDP2's CPUOffloadPolicy)."""
+    ACTIVATIONS = "activations"
+    """Tensors saved for backward go to the host (``torch.autograd.graph.save_on_cpu``, pinned with a device)."""
+
+
+def parse_offload(spec: str) -> frozenset[OffloadPart]:
+    """``--offload optimizer,activations`` -> the parts moved to host memory ("" or "none": nothing)."""
+    if not isinstance(spec, str):
+        raise ConfigError("offload", spec, "a string: comma-separated " + ", ".join(OffloadPart))
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if names == ["none"]:
+        return frozenset()
+    bad = [n for n in names if n not in tuple(OffloadPart)]
+    if bad:
+        raise ConfigError("offload", spec, "none or comma-separated " + ", ".join(OffloadPart), f"{bad[0]!r} is not one")
+    return frozenset(OffloadPart(n) for n in names)
