@@ -113,18 +113,34 @@ class DeviceRow:
     overlap: float
     """Share of backward time that can hide communication (separate comm stream on GPUs)."""
     source: str
+    host_bytes_per_s: float | None = None
+    """Per device, one direction, between device and host memory (offload traffic); None: unknown (CPU: none)."""
 
 
 _MFU = "Llama 3 paper (Dubey et al. 2024, table 4): 38-43% bf16 MFU on H100 at scale -> 0.40"
 DEVICES: dict[str, DeviceRow] = {
     "h100": DeviceRow(name="h100", peak_row="H100-SXM", memory_bytes=80 * 2**30, intra_bytes_per_s=450e9,
                       inter_bytes_per_s=50e9, achievable_frac=0.40, overlap=1.0,
+                      host_bytes_per_s=64e9,
                       source="NVIDIA H100 datasheet: NVLink 900 GB/s bidirectional (450 GB/s per direction); "
-                             "DGX H100: one 400 Gb/s ConnectX-7 per GPU (50 GB/s); " + _MFU),
+                             "DGX H100: one 400 Gb/s ConnectX-7 per GPU (50 GB/s); PCIe Gen5 128 GB/s bidirectional "
+                             "to the host (64 GB/s per direction); " + _MFU),
+    "h200": DeviceRow(name="h200", peak_row="H200-SXM", memory_bytes=141 * 2**30, intra_bytes_per_s=450e9,
+                      inter_bytes_per_s=50e9, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=64e9,
+                      source="NVIDIA H200 datasheet (2024), SXM column: 141 GB HBM3e, NVLink 900 GB/s bidirectional "
+                             "(450 GB/s per direction), PCIe Gen5 128 GB/s bidirectional to the host (64 per "
+                             "direction); DGX H200: one 400 Gb/s ConnectX-7 per GPU (50 GB/s); " + _MFU),
     "a100": DeviceRow(name="a100", peak_row="A100", memory_bytes=80 * 2**30, intra_bytes_per_s=300e9,
                       inter_bytes_per_s=25e9, achievable_frac=0.40, overlap=1.0,
+                      host_bytes_per_s=32e9,
                       source="NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional (300 per direction); "
-                             "DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s); " + _MFU),
+                             "DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s); PCIe Gen4 64 GB/s bidirectional to "
+                             "the host (32 per direction); " + _MFU),
+    "l4": DeviceRow(name="l4", peak_row="L4", memory_bytes=24 * 2**30, intra_bytes_per_s=32e9,
+                    inter_bytes_per_s=None, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=32e9,
+                    source="NVIDIA L4 datasheet (2023): 24 GB GDDR6, no NVLink: devices talk over PCIe Gen4 x16 "
+                           "(64 GB/s bidirectional, 32 per direction), which is also the host link; between nodes "
+                           "it depends on the cloud (pass --bandwidth-inter); " + _MFU),
     "cpu": DeviceRow(name="cpu", peak_row=None, memory_bytes=None, intra_bytes_per_s=None, inter_bytes_per_s=None,
                      achievable_frac=1.0, overlap=0.0,
                      source="calibrated on this machine (calibrate_cpu below); gloo on CPU does not "
