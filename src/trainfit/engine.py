@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,10 +50,13 @@ def optimizer_step(
     strategy: Strategy | None = None,
     grad_clip: float = 0.0,
     timer: Timer = NULL_TIMER,
+    activations: contextlib.AbstractContextManager | None = None,
 ) -> StepResult:
     """Run one optimizer step over ``micro_batches`` (this rank's share of the global batch).
 
     ``timer`` brackets the phases for ``trainfit profile``; the default measures nothing.
+    ``activations``: a re-enterable saved-tensors context entered around each forward (the offload
+    lever's, which packs what backward needs to host memory); None keeps them where they are.
     """
     strategy = strategy or _SINGLE
     window = AccumulationWindow(
@@ -62,10 +66,11 @@ def optimizer_step(
     # One autocast context per step, entered around each micro-batch's forward + loss (never backward):
     # built once, not per micro-batch -- part of the step's fixed cost (benchmarks/overhead.py).
     autocast = precision.autocast(strategy.device.type)
+    saved = activations if activations is not None else contextlib.nullcontext()
     loss_total = 0.0  # becomes a tensor on the loss's device at the first micro-batch (no extra allocation)
     for mb, is_last in window:
         with strategy.sync_context(model, is_last):  # DDP/FSDP: no gradient sync until the last
-            with autocast, timer.phase("forward"):  # forward + loss only
+            with autocast, saved, timer.phase("forward"):  # forward + loss only
                 loss_sum, _ = loss_fn(model, mb)
             with timer.phase("backward_sync" if is_last else "backward"):  # the last one also syncs grads
                 precision.backward(loss_sum * window.weight)  # scaled by the loss scale where needed

@@ -239,8 +239,19 @@ class MemoryReport(_Typed):
     """The strategy measured (or, estimated, sharded for); empty in reports stored before this key existed."""
     world_size: int = 0
     """Ranks the strategy spread over (per-rank bytes); 0 in reports stored before this key existed."""
+    host_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Per part, its largest live bytes in host memory (``--offload``); empty: everything on the device."""
+    device_bytes: Mapping[str, int] = field(default_factory=dict)
+    """Per part, its largest live bytes on the device; empty: the part fields (nothing on the host)."""
+    device_peak_bytes: int | None = None
+    """Largest live device bytes (what must fit the device); None: peak_bytes (nothing on the host)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Keys of a stored report that this class does not know (written back as they were)."""
+
+    @property
+    def device_peak(self) -> int:
+        """What must fit in device memory: the device side's peak (``peak_bytes`` with nothing offloaded)."""
+        return self.peak_bytes if self.device_peak_bytes is None else self.device_peak_bytes
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -272,9 +283,12 @@ class MemoryReport(_Typed):
         d["notes"] = list(self.notes)
         d["dominant_part"] = self.dominant_part
         d["lever"] = LEVERS[self.dominant_part]
-        for key in ("strategy", "world_size"):  # a report stored before these keys reads back to the same JSON
-            if not d[key]:
+        d["host_bytes"], d["device_bytes"] = dict(self.host_bytes), dict(self.device_bytes)
+        for key in ("strategy", "world_size", "host_bytes", "device_bytes"):  # a report stored before these keys
+            if not d[key]:                                                     # reads back to the same JSON
                 del d[key]
+        if d["device_peak_bytes"] is None:
+            del d["device_peak_bytes"]
         return _with_extra(d, self.extra)
 
     @classmethod

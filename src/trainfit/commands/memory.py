@@ -116,6 +116,17 @@ def run(args) -> int:
     return 0
 
 
+def offload_lines(r) -> list[str]:
+    """With ``--offload``: per part, what stays on the device and what is in host memory."""
+    if not r.host_bytes:
+        return []
+    lines = [f"{'offloaded':<17}{'on the device':>17}{'in host memory':>15}"]
+    for part, label in PART_LABELS.items():
+        lines.append(f"{label:<17}{fmt_bytes(r.device_bytes.get(part, 0)):>17}{fmt_bytes(r.host_bytes.get(part, 0)):>15}")
+    lines.append(f"{'device peak':<17}{fmt_bytes(r.device_peak):>17}")
+    return lines
+
+
 def format_table(report, scaling, budget, max_mb) -> str:
     r = report
     lines = [f"{r.model}: {r.precision}, checkpointing={r.checkpointing}, {r.optimizer}, micro-batch {r.batch} "
@@ -125,6 +136,7 @@ def format_table(report, scaling, budget, max_mb) -> str:
     for part, label in PART_LABELS.items():
         lines.append(f"{label:<17}{fmt_bytes(r.parts[part]):>17}{fmt_bytes(r.peak_parts.get(part, 0)):>15}")
     lines.append(f"{'peak':<17}{fmt_bytes(r.peak_bytes):>17}{'in ' + r.peak_phase:>15}")
+    lines.extend(offload_lines(r))
     if r.master_weights_bytes:
         lines.append(f"  (optimizer state includes fp32 master weights: {fmt_bytes(r.master_weights_bytes)})")
     lines.append(f"activations per sample: {fmt_bytes(scaling.activations_per_sample_bytes)} "

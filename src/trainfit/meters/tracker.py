@@ -10,6 +10,14 @@ share one storage, so they count once), with its size and the part it belongs to
 - ``activations``  tensors saved for backward (tagged by a ``saved_tensors_hooks`` pack hook)
 - ``temporaries``  everything else (op outputs not saved, the batch, loss, scratch)
 
+Each storage is also on the **device** or on the **host**: host when a lever marked the tensor
+(:func:`mark_host`; e.g. the offload lever's fp32 copies and gradient buffers), when it is the
+gradient or optimizer state of a host tensor, when a lever packed it for backward on the host
+(:func:`note_saved`), or when it is a CPU tensor while the run's parameters are on an accelerator.
+Marking, not the tensor's device alone, decides: on a CPU-only machine both sides are "cpu", and the
+split must still follow the lever's placement. ``host_part_max`` / ``device_part_max`` and
+``device_peak_bytes`` / ``host_peak_bytes`` (with their ``*_peak_parts``) give the split.
+
 A storage is dropped once it is freed; the tracker notices on the next op (it holds a
 weak reference to the storage, which does not keep its memory alive). Works with real,
 fake (``FakeTensorMode``) and meta tensors, and counts a DTensor by its local shard, so
@@ -29,13 +37,57 @@ from typing import Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from trainfit.vocabulary import PARTS
 
 PHASES = ("setup", "forward", "backward", "optimizer")
 _PERSISTENT = ("params", "optimizer")  # rarely freed: swept at phase changes only
 _aten = torch.ops.aten
+HOST_ATTR = "_trainfit_host"
+"""Attribute a lever sets on a tensor it keeps in host memory (:func:`mark_host`)."""
+
+
+def mark_host(tensors: Iterable[torch.Tensor]) -> None:
+    """Mark tensors (and, for a DTensor, its local shard) as living in host memory, for the tracker.
+
+    Their ``.grad`` and the optimizer state of a marked parameter count as host too.
+    """
+    for t in tensors:
+        setattr(t, HOST_ATTR, True)
+        inner = getattr(t, "_local_tensor", None)
+        if isinstance(inner, torch.Tensor):
+            setattr(inner, HOST_ATTR, True)
+
+
+def _active() -> list[MemoryTracker]:
+    return [m for m in _get_current_dispatch_mode_stack() if isinstance(m, MemoryTracker)]
+
+
+@contextlib.contextmanager
+def host_scope() -> Iterator[None]:
+    """Storages that ops create inside count as host memory (a lever's host-side work: the optimizer step it runs on
+    the host, the copies it packs for backward). On a GPU they are CPU tensors anyway; on a CPU-only
+    machine this is what tells them apart."""
+    trackers = _active()
+    for tr in trackers:
+        tr._host_depth += 1
+    try:
+        yield
+    finally:
+        for tr in trackers:
+            tr._host_depth -= 1
+
+
+def note_saved(t: torch.Tensor, *, host: bool) -> None:
+    """Tell each active tracker that ``t`` was saved for backward.
+
+    A lever whose ``saved_tensors_hooks`` replace the tracker's own (the innermost hooks win; e.g. the
+    activation offload packs to the host) calls this from its pack hook, so activations stay counted,
+    on the side the lever put them."""
+    for tr in _active():
+        if tr.classify:
+            tr._pack(t, host=host)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -68,10 +120,10 @@ def _storage_key(t: torch.Tensor) -> int | None:
 
 
 class _Entry:
-    __slots__ = ("ref", "nbytes", "part")
+    __slots__ = ("ref", "nbytes", "part", "host")
 
-    def __init__(self, ref: StorageWeakRef, nbytes: int, part: str) -> None:
-        self.ref, self.nbytes, self.part = ref, nbytes, part
+    def __init__(self, ref: StorageWeakRef, nbytes: int, part: str, host: bool) -> None:
+        self.ref, self.nbytes, self.part, self.host = ref, nbytes, part, host
 
 
 def _scalar_stub(t: torch.Tensor) -> Any:
@@ -120,6 +172,21 @@ class MemoryTracker(TorchDispatchMode):
         self.listeners: list[Any] = []  # callables(tracker) after each op (e.g. segment labels)
         self.track_resizes = False
         """Re-read sizes on every sweep; switched on by register_run for models with DTensor (FSDP2) params."""
+        self.device_type: str | None = None
+        """The run's device type (from its unmarked parameters); a CPU tensor is host when it is not "cpu"."""
+        self.host_totals = dict.fromkeys(PARTS, 0)
+        self.host_live_bytes = 0
+        self.host_part_max = dict(self.totals)
+        """Each part's largest live bytes in host memory."""
+        self.device_part_max = dict(self.totals)
+        """Each part's largest live bytes on the device (kept once a host storage was seen; else part_max)."""
+        self.device_peak_bytes = 0
+        """Largest live device bytes (equals peak_bytes when nothing is on the host)."""
+        self.device_peak_parts = dict(self.totals)
+        self.host_peak_bytes = 0
+        self.host_peak_parts = dict(self.totals)
+        self._host_seen = False
+        self._host_depth = 0  # > 0 inside host_scope()
 
     # ---- registration -------------------------------------------------------------
     def register(self, tensors: Iterable[torch.Tensor | None], part: str) -> None:
@@ -134,29 +201,67 @@ class MemoryTracker(TorchDispatchMode):
         params = list(model.parameters())
         ids = {id(p) for p in params}
         extra = [t for t in optimizer_params if id(t) not in ids]  # fp32 master copies
+        buffers = list(model.buffers())
+        self.device_type = next((local_tensor(t).device.type for t in params + buffers
+                                 if not getattr(t, HOST_ATTR, False)), None)
         self.register(params, "params")
-        self.register(model.buffers(), "params")
+        self.register(buffers, "params")
         self.register(extra, "optimizer")
         if optimizer is not None:
-            self.register((v for st in optimizer.state.values() for v in st.values()), "optimizer")
+            for p, st in optimizer.state.items():  # the state lives where its parameter does
+                host = self._on_host(p) if isinstance(p, torch.Tensor) else None
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        self._add(v, "optimizer", force=True, host=host or None)
         self._grad_holders = params + extra
         self.track_resizes = any(local_tensor(p) is not p for p in params)  # FSDP2 shards: DTensors
-        self.register((t.grad for t in self._grad_holders), "grads")
+        for t in self._grad_holders:
+            if t.grad is not None:
+                self._add(t.grad, "grads", force=True, host=self._grad_host(t))
         self._module_names = {id(m): n for n, m in model.named_modules()}
 
-    def _add(self, t: torch.Tensor, part: str, *, force: bool = False) -> _Entry | None:
+    def _on_host(self, t: torch.Tensor) -> bool:
+        if getattr(t, HOST_ATTR, False):
+            return True
+        lt = local_tensor(t)
+        if lt is not t and getattr(lt, HOST_ATTR, False):
+            return True
+        return self.device_type not in (None, "cpu") and lt.device.type == "cpu"
+
+    def _see_host(self) -> None:
+        if not self._host_seen:  # everything so far was on the device
+            self._host_seen = True
+            self.device_part_max = dict(self.part_max)
+            self.device_peak_bytes, self.device_peak_parts = self.peak_bytes, dict(self.peak_parts)
+
+    def _grad_host(self, holder: torch.Tensor) -> bool | None:
+        """A gradient is host when its parameter is (True), else decided by the gradient itself (None)."""
+        return True if self._on_host(holder) else None
+
+    def _add(self, t: torch.Tensor, part: str, *, force: bool = False, host: bool | None = None) -> _Entry | None:
         key = _storage_key(t)
         if key is None:
             return None
         e = self._entries.get(key)
         if e is None:
             storage = local_tensor(t).untyped_storage()
+            on_host = self._on_host(t) if host is None else host
             # The weak reference keeps the key (the StorageImpl address) from being reused while tracked.
-            e = self._entries[key] = _Entry(StorageWeakRef(storage), storage.nbytes(), part)
+            e = self._entries[key] = _Entry(StorageWeakRef(storage), storage.nbytes(), part, on_host)
             self.totals[part] += e.nbytes
             self.live_bytes += e.nbytes
-        elif force and e.part != part:
-            self._move(e, part)
+            if on_host:
+                self._see_host()
+                self.host_totals[part] += e.nbytes
+                self.host_live_bytes += e.nbytes
+        else:
+            if force and e.part != part:
+                self._move(e, part)
+            if host and not e.host:  # first seen as an op's output, then marked by a lever
+                self._see_host()
+                e.host = True
+                self.host_totals[e.part] += e.nbytes
+                self.host_live_bytes += e.nbytes
         if e.part in _PERSISTENT:
             self._volatile.discard(key)
         else:
@@ -166,7 +271,19 @@ class MemoryTracker(TorchDispatchMode):
     def _move(self, e: _Entry, part: str) -> None:
         self.totals[e.part] -= e.nbytes
         self.totals[part] += e.nbytes
+        if e.host:
+            self.host_totals[e.part] -= e.nbytes
+            self.host_totals[part] += e.nbytes
         e.part = part
+
+    def _grow(self, e: _Entry, n: int) -> None:
+        """The storage of ``e`` now holds ``n`` bytes (resized in place)."""
+        self.totals[e.part] += n - e.nbytes
+        self.live_bytes += n - e.nbytes
+        if e.host:
+            self.host_totals[e.part] += n - e.nbytes
+            self.host_live_bytes += n - e.nbytes
+        e.nbytes = n
 
     def _sweep(self, keys: Iterable[int]) -> None:
         for key in [k for k in keys if _expired(k)]:  # key: the storage's cdata, held weakly
@@ -174,6 +291,9 @@ class MemoryTracker(TorchDispatchMode):
             self._volatile.discard(key)
             self.totals[e.part] -= e.nbytes
             self.live_bytes -= e.nbytes
+            if e.host:
+                self.host_totals[e.part] -= e.nbytes
+                self.host_live_bytes -= e.nbytes
         if self.track_resizes:
             self._refresh_sizes(keys)
 
@@ -184,9 +304,7 @@ class MemoryTracker(TorchDispatchMode):
             e = self._entries[key]
             n = _storage_of(key).nbytes()
             if n != e.nbytes:
-                self.totals[e.part] += n - e.nbytes
-                self.live_bytes += n - e.nbytes
-                e.nbytes = n
+                self._grow(e, n)
 
     def sweep_all(self) -> None:
         self._sweep(self._entries)
@@ -199,7 +317,7 @@ class MemoryTracker(TorchDispatchMode):
                 e = entries.get(_storage_key(g))
                 if e is not None and e.part == "grads":
                     continue
-                e = self._add(g, "grads")
+                e = self._add(g, "grads", host=self._grad_host(t))
                 if e is not None and e.part != "grads":
                     self._move(e, "grads")
 
@@ -227,6 +345,33 @@ class MemoryTracker(TorchDispatchMode):
             self.phase_peaks[phase] = {"peak": live, **self.totals}
         if live > self.peak_bytes:
             self.peak_bytes, self.peak_phase, self.peak_parts = live, phase, dict(self.totals)
+        if self._host_seen:
+            self._record_split(live)
+
+    def _record_split(self, live: int) -> None:
+        host, totals, host_totals = self.host_live_bytes, self.totals, self.host_totals
+        for p in PARTS:
+            if host_totals[p] > self.host_part_max[p]:
+                self.host_part_max[p] = host_totals[p]
+            if totals[p] - host_totals[p] > self.device_part_max[p]:
+                self.device_part_max[p] = totals[p] - host_totals[p]
+        if live - host > self.device_peak_bytes:
+            self.device_peak_bytes = live - host
+            self.device_peak_parts = {p: totals[p] - host_totals[p] for p in PARTS}
+        if host > self.host_peak_bytes:
+            self.host_peak_bytes, self.host_peak_parts = host, dict(host_totals)
+
+    def host_split(self) -> dict[str, Any]:
+        """Device vs host, as :class:`~trainfit.results.MemoryReport`'s fields: ``{}`` when nothing was on the host.
+
+        ``host_bytes`` / ``device_bytes``: each part's largest live bytes on that side; ``device_peak_bytes``:
+        the largest live device bytes (the split at that moment: ``device_peak_parts``; the host side's
+        peak: ``host_peak_bytes`` / ``host_peak_parts``). ``MemoryReport(..., **tracker.host_split())``.
+        """
+        if not self._host_seen:
+            return {}
+        return {"host_bytes": dict(self.host_part_max), "device_bytes": dict(self.device_part_max),
+                "device_peak_bytes": self.device_peak_bytes}
 
     # ---- the dispatch mode --------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -248,7 +393,7 @@ class MemoryTracker(TorchDispatchMode):
             self._resize(args[0])
         for t in _tensors(out):
             if _storage_key(t) not in entries:
-                self._add(t, "temporaries")
+                self._add(t, "temporaries", host=True if self._host_depth else None)
         self._after_op()
         return out
 
@@ -257,10 +402,7 @@ class MemoryTracker(TorchDispatchMode):
             return
         e = self._entries.get(_storage_key(t))
         if e is not None:
-            n = local_tensor(t).untyped_storage().nbytes()
-            self.totals[e.part] += n - e.nbytes
-            self.live_bytes += n - e.nbytes
-            e.nbytes = n
+            self._grow(e, local_tensor(t).untyped_storage().nbytes())
 
     def _after_op(self) -> None:
         if self.classify and self.phase == "optimizer":
@@ -280,8 +422,8 @@ class MemoryTracker(TorchDispatchMode):
                 f"(in {self._current_phase()}); lower micro_batch or enable checkpointing")
 
     # ---- activation tagging -------------------------------------------------------
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        e = self._add(t, "temporaries")
+    def _pack(self, t: torch.Tensor, host: bool | None = None) -> torch.Tensor:
+        e = self._add(t, "temporaries", host=host or None)
         if e is not None and e.part == "temporaries":
             self._move(e, "activations")
             self._volatile.add(e.ref.cdata)
@@ -301,7 +443,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if p.grad is not None:
-            e = self._add(p.grad, "grads")
+            e = self._add(p.grad, "grads", host=self._grad_host(p))
             if e is not None and e.part != "grads":
                 self._move(e, "grads")
             if e is not None:

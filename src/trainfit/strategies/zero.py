@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from trainfit.strategies import process_group as pg
 from trainfit.strategies.ddp import Distributed
@@ -49,10 +49,17 @@ class FSDP(Distributed):
         self.name = str(facts.name)
         self.reshard_after_forward = facts.reshard_after_forward
 
-    def wrap(self, model: nn.Module, precision, block_names: list[str]) -> nn.Module:
+    def wrap(self, model: nn.Module, precision, block_names: list[str], *, cpu_offload: bool = False) -> nn.Module:
+        """Shard each block, then the root. ``cpu_offload`` (``--offload optimizer[,params]``, decided by
+        ``levers/offload.py``): FSDP2's ``CPUOffloadPolicy`` -- the sharded fp32 parameters, their sharded
+        gradients and the optimizer state rest in host memory (pinned under CUDA) and the optimizer steps
+        there; each unit's parameters are copied up and gathered for forward (zero3: again for backward),
+        its gradients reduce-scattered on the device and copied down."""
         model.to(self.device)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         kw = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mixed_precision_policy(precision))
+        if cpu_offload:
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
         modules = dict(model.named_modules())
         # Innermost first (FSDP2 needs children sharded before their parents), then the root.
         for name in sorted(block_names, key=lambda n: -n.count(".")):
