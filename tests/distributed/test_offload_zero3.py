@@ -1,0 +1,78 @@
+"""zero3 (and zero2) with FSDP2's CPUOffloadPolicy on 2 gloo ranks equal the resident runs, and the tracker puts
+each rank's shards, their gradients and the optimizer state on the host, byte for byte.
+
+FSDP2 allows CPUOffloadPolicy on a CPU mesh (gloo): the policy then moves nothing physically, but the
+sharded parameters, gradients and the optimizer step take the offload code path (the host copies, the
+CPU optimizer step), and the lever marks the shards as host memory for the tracker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from .harness import errors, spawn
+
+BASE = {"model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2, "accumulation": 2,
+        "dataset_size": 64, "optimizer": "adamw", "lr": 1e-2, "grad_clip": 1.0}
+CASES = {"zero3": {"strategy": "zero3"}, "zero3-offload": {"strategy": "zero3", "offload": "optimizer,params"},
+         "zero2": {"strategy": "zero2"}, "zero2-offload": {"strategy": "zero2", "offload": "optimizer"}}
+STEPS = 3
+
+
+def _worker(rank: int, root: Path) -> None:
+    from torch.distributed.tensor import DTensor
+
+    from trainfit.config import make_config
+    from trainfit.probes.memory import new_tracker, tracked_step
+    from trainfit.run import build_run
+
+    torch.set_num_threads(1)
+    finals, splits = {}, {}
+    for name, kw in CASES.items():
+        run = build_run(make_config({**BASE, **kw, "run_dir": str(root / name)}))
+        ds = run.task.dataset()
+
+        def window(step: int) -> list:
+            first = 8 * step + 4 * rank  # 2 ranks x 2 micro-batches x 2 samples, disjoint per rank
+            return [run.task.collate([ds[first + 2 * j + i] for i in range(2)]) for j in range(2)]
+
+        for step in range(STEPS):
+            run.step(window(step))
+        if "offload" in name:  # one more step under the tracker: the split on this rank
+            tracker = new_tracker(run)
+            tracked_step(run, window(STEPS), tracker)
+            # Hand calculation: FSDP2 pads dim 0 to a multiple of the world size; each rank holds ceil(d0/2) rows.
+            padded = sum(math.ceil(p.shape[0] / 2) * (p.numel() // p.shape[0]) for p in run.model.parameters())
+            splits[name] = {"host": tracker.host_part_max, "device": tracker.device_part_max, "padded": padded,
+                            "tensors": len(list(run.model.parameters())),
+                            "on_cpu": all(p.to_local().device.type == "cpu" for p in run.model.parameters())}
+        else:
+            run.step(window(STEPS))
+        finals[name] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+                        for k, v in run.model.state_dict().items()}
+    if rank == 0:
+        torch.save(finals, root / "finals.pt")
+    (root / f"split-{rank}.json").write_text(json.dumps(splits))
+
+
+def test_cpu_offload_policy_equals_resident_and_splits_by_the_arithmetic(tmp_path):
+    codes = spawn(_worker, tmp_path)
+    assert codes == [0, 0], errors(tmp_path)
+    finals = torch.load(tmp_path / "finals.pt")
+    for strategy in ("zero3", "zero2"):
+        a, b = finals[strategy], finals[f"{strategy}-offload"]
+        for k in a:
+            err = float((a[k] - b[k]).abs().max() / a[k].abs().max())
+            assert err <= 1e-6, (strategy, k, err)
+    for rank in (0, 1):
+        for name, s in json.loads((tmp_path / f"split-{rank}.json").read_text()).items():
+            n, host, device = s["padded"], s["host"], s["device"]
+            assert s["on_cpu"]
+            assert host["params"] == 4 * n, (name, rank, host)  # the fp32 shards (padded)
+            assert host["grads"] == 4 * n, (name, rank, host)  # their sharded gradients
+            assert host["optimizer"] == 8 * n + 4 * s["tensors"], (name, rank, host)  # AdamW m, v + step
+            assert device["params"] == 0 and device["optimizer"] == 0, (name, rank, device)
