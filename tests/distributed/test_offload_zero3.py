@@ -1,5 +1,6 @@
 """zero3 (and zero2) with FSDP2's CPUOffloadPolicy on 2 gloo ranks equal the resident runs, and the tracker puts
-each rank's shards, their gradients and the optimizer state on the host, byte for byte.
+each rank's shards, their gradients and the optimizer state on the host, byte for byte; ddp with the optimizer
+on the host (HostOptimizer) equals ddp.
 
 FSDP2 allows CPUOffloadPolicy on a CPU mesh (gloo): the policy then moves nothing physically, but the
 sharded parameters, gradients and the optimizer step take the offload code path (the host copies, the
@@ -19,7 +20,8 @@ from .harness import errors, spawn
 BASE = {"model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2, "accumulation": 2,
         "dataset_size": 64, "optimizer": "adamw", "lr": 1e-2, "grad_clip": 1.0}
 CASES = {"zero3": {"strategy": "zero3"}, "zero3-offload": {"strategy": "zero3", "offload": "optimizer,params"},
-         "zero2": {"strategy": "zero2"}, "zero2-offload": {"strategy": "zero2", "offload": "optimizer"}}
+         "zero2": {"strategy": "zero2"}, "zero2-offload": {"strategy": "zero2", "offload": "optimizer"},
+         "ddp": {"strategy": "ddp"}, "ddp-offload": {"strategy": "ddp", "offload": "optimizer"}}
 STEPS = 3
 
 
@@ -42,7 +44,7 @@ def _worker(rank: int, root: Path) -> None:
 
         for step in range(STEPS):
             run.step(window(step))
-        if "offload" in name:  # one more step under the tracker: the split on this rank
+        if name.startswith("zero") and "offload" in name:  # one more step under the tracker: the split on this rank
             tracker = new_tracker(run)
             tracked_step(run, window(STEPS), tracker)
             # Hand calculation: FSDP2 pads dim 0 to a multiple of the world size; each rank holds ceil(d0/2) rows.
@@ -63,7 +65,7 @@ def test_cpu_offload_policy_equals_resident_and_splits_by_the_arithmetic(tmp_pat
     codes = spawn(_worker, tmp_path)
     assert codes == [0, 0], errors(tmp_path)
     finals = torch.load(tmp_path / "finals.pt")
-    for strategy in ("zero3", "zero2"):
+    for strategy in ("zero3", "zero2", "ddp"):
         a, b = finals[strategy], finals[f"{strategy}-offload"]
         for k in a:
             err = float((a[k] - b[k]).abs().max() / a[k].abs().max())

@@ -12,6 +12,7 @@ from trainfit.commands.memory import offload_lines
 from trainfit.config import make_config
 from trainfit.errors import ConfigError
 from trainfit.levers.offload import HostActivations, HostOptimizer, host_optimizer_bytes, plan_offload
+from trainfit.plan.offload import offload_price
 from trainfit.probes.memory import example_batch, new_tracker, tracked_step, warm_up
 from trainfit.results import MemoryReport
 from trainfit.run import build_run
@@ -52,6 +53,27 @@ def test_plan_says_which_mechanism():
     assert "CPUOffloadPolicy" in zero3.describe()[0] and "again for backward" in zero3.describe()[0]
     assert plan_offload("optimizer", "zero2").fsdp_cpu_offload
     assert plan_offload("", "single").describe() == ()
+
+
+def test_price_is_the_hand_calculation():
+    n, gib = 10**9, 2**30
+    single = offload_price(parts={"optimizer", "activations"}, strategy="single", n_params=n, accumulation=4,
+                           weight_bytes=2, state_bytes_per_param=8, master_bytes_per_param=4,
+                           activation_bytes_per_micro_batch=gib, host_bytes_per_s=64e9)
+    # optimizer: bf16 grads down + bf16 weights up once; activations: 4 micro-batches of 1 GiB down and up
+    assert single.bytes_per_step == 2 * n + 2 * n + 2 * 4 * gib
+    assert single.frees_device_bytes == 12 * n + gib
+    assert single.seconds_per_step == pytest.approx((4 * n + 8 * gib) / 64e9)
+    zero3 = offload_price(parts={"optimizer", "params"}, strategy="zero3", n_params=n, world_size=8, accumulation=2)
+    shard = n // 8
+    assert zero3.traffic[0].up_bytes == 4 * shard * 2 * 2  # fp32 shard gathered in forward and backward, x2
+    assert zero3.traffic[0].down_bytes == 4 * shard  # one reduce-scatter per step (deferred)
+    assert zero3.seconds_per_step is None and "unknown bandwidth" in zero3.reason
+    zero2 = offload_price(parts={"optimizer"}, strategy="zero2", n_params=n, world_size=8, accumulation=2,
+                          grad_sync="per-micro-batch", host_bytes_per_s=32e9)
+    assert (zero2.traffic[0].up_bytes, zero2.traffic[0].down_bytes) == (4 * shard * 2, 4 * shard * 2)
+    assert "frees" in zero2.reason and "s/step" in zero2.reason
+    assert offload_price(parts=set(), strategy="ddp", n_params=n).reason == ""
 
 
 # ---- numerics --------------------------------------------------------------------------------------------

@@ -261,3 +261,21 @@ def measure_loopback(nbytes: int = 8 * 2**20, pings: int = 50) -> tuple[float, f
         srv.close()
         child.join(10)
     return nbytes / elapsed, sorted(rtts)[len(rtts) // 2] / 2
+
+
+def measure_host_copy(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s of one host-to-host memory copy (``Tensor.copy_`` of ``nbytes``, best of ``repeats``).
+
+    What ``plan --calibrate`` prices offload with on a CPU-only machine, where "device" and "host" are the
+    same memory: the copy the offload lever makes (a saved activation, a gradient to its host buffer) is a
+    memcpy. On a GPU the link is the datasheet's (``DEVICES[name].host_bytes_per_s``). Costs ~0.1 s.
+    """
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults are not the copy
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
