@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 
@@ -17,13 +18,15 @@ from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.probes.batchfit import fit_batch_scaling, second_batch
 from trainfit.probes.estimate import estimate_memory
-from trainfit.probes.memory import measure_memory
+from trainfit.probes.memory import example_batch, measure_memory
+from trainfit.probes.profile import task_flop_counter
 from trainfit.report.plots import plot_memory
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
 from trainfit.tasks.files import DataSpec, load_text_data
 from trainfit.units import fmt_bytes, parse_bytes
-from trainfit.vocabulary import PART_LABELS
+from trainfit.run import task_of
+from trainfit.vocabulary import PART_LABELS, parse_checkpoint_policy
 
 JSON_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes",
              "peak_bytes", "peak_phase", "activations_per_sample_bytes")
@@ -47,6 +50,9 @@ def register(sub) -> None:
                         "launched)")
     p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--compare-checkpointing", metavar="SPECS",
+                   help="one row per checkpointing policy, side by side: saved (activation) bytes, peak and "
+                        "recompute FLOPs, e.g. none,selective,full,budget:0.5,every:2")
     p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/memory.json and write RUN_DIR/report.html")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
@@ -80,6 +86,11 @@ def run(args) -> int:
         make_report = functools.partial(estimate_memory, world_size=args.devices, strategy=cfg.strategy)
     else:
         make_report = measure_memory
+    if args.compare_checkpointing is not None:
+        rows = compare_checkpointing(cfg, args.compare_checkpointing, make_report)
+        print(dumps_json({"method": args.method, "compare_checkpointing": rows}) if args.json
+              else format_comparison(cfg, args.method, rows))
+        return 0
     report = make_report(cfg)
     if cfg.data:  # rows from files: the sizing batch is the longest micro-batch this data produces
         longest = load_text_data(DataSpec.from_config(cfg)).longest  # cached: read once by the task already
@@ -152,4 +163,43 @@ def format_table(report, scaling, budget, max_mb) -> str:
     if r.top_modules:
         lines.append("top modules by activation bytes: " +
                      ", ".join(f"{n} {fmt_bytes(b)}" for n, b in r.top_modules[:5]))
+    return "\n".join(lines)
+
+
+def compare_checkpointing(cfg, specs: str, make_report) -> list[dict]:
+    """One row per policy in ``specs`` (comma-separated; ``class:A,B`` takes the names after it): the same
+    run measured or estimated under each, and the recompute FLOPs ``FlopCounterMode`` counts for one step.
+
+    Raises:
+        ConfigError: a bad or empty spec, before any work.
+    """
+    parts: list[str] = []
+    for part in (p.strip() for p in str(specs).split(",")):
+        if part and parts and parts[-1].startswith("class:") and ":" not in part:
+            parts[-1] += "," + part  # class:A,B
+        elif part:
+            parts.append(part)
+    if not parts:
+        raise ConfigError("compare_checkpointing", specs, "comma-separated policies, e.g. none,selective,full")
+    policies = [parse_checkpoint_policy(p) for p in parts]  # every spec is checked before any work
+    task = task_of(cfg)
+    mbs = [example_batch(task, cfg.micro_batch)] * cfg.accumulation
+    rows = []
+    for policy in policies:
+        r = make_report(dataclasses.replace(cfg, checkpointing=policy))
+        flops = task_flop_counter(task, policy).step(mbs)
+        rows.append({"checkpointing": policy.spec, "activations_bytes": r.activations_bytes,
+                     "peak_bytes": r.peak_bytes, "peak_phase": r.peak_phase,
+                     "model_flops": flops.model_flops, "recompute_flops": flops.hardware_flops - flops.model_flops})
+    return rows
+
+
+def format_comparison(cfg, method: str, rows: list[dict]) -> str:
+    lines = [f"{cfg.model}: {cfg.precision}, micro-batch {cfg.micro_batch} x seq {cfg.seq_len}, accumulation "
+             f"{cfg.accumulation} ({method}d; recompute FLOPs counted by FlopCounterMode per step)",
+             f"{'checkpointing':<16}{'saved bytes':>14}{'peak':>12}{'recompute FLOPs':>17}{'of the step':>13}"]
+    for r in rows:
+        share = r["recompute_flops"] / r["model_flops"] if r["model_flops"] else 0.0
+        lines.append(f"{r['checkpointing']:<16}{fmt_bytes(r['activations_bytes']):>14}{fmt_bytes(r['peak_bytes']):>12}"
+                     f"{r['recompute_flops']:>17,}{share:>13.1%}")
     return "\n".join(lines)
