@@ -11,7 +11,8 @@ from tests.reliability.cli_harness import check_promise, cli, snapshot
 from trainfit.commands.memory import offload_lines
 from trainfit.config import make_config
 from trainfit.errors import ConfigError
-from trainfit.levers.offload import HostActivations, HostOptimizer, host_optimizer_bytes, plan_offload
+from trainfit.levers.offload import (HostActivations, HostOptimizer, host_optimizer_bytes, plan_offload,
+                                     single_device_offload)
 from trainfit.plan.offload import offload_price
 from trainfit.probes.memory import example_batch, new_tracker, tracked_step, warm_up
 from trainfit.results import MemoryReport
@@ -53,6 +54,8 @@ def test_plan_says_which_mechanism():
     assert "CPUOffloadPolicy" in zero3.describe()[0] and "again for backward" in zero3.describe()[0]
     assert plan_offload("optimizer", "zero2").fsdp_cpu_offload
     assert plan_offload("", "single").describe() == ()
+    assert single_device_offload("optimizer,params,activations", "zero3") == "activations,optimizer"
+    assert plan_offload(single_device_offload("optimizer,params", "zero3"), "single").host_optimizer
 
 
 def test_price_is_the_hand_calculation():

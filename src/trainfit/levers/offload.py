@@ -122,6 +122,14 @@ def plan_offload(spec: str, strategy: str) -> OffloadPlan:
     return OffloadPlan(parts=parse_offload(spec), strategy=StrategyName(strategy))
 
 
+def single_device_offload(spec: str, strategy: str) -> str:
+    """The ``offload`` to trace on one device for a run planned under ``strategy`` (the estimator traces
+    single and shards analytically): FSDP2's policy becomes the host optimizer (``params`` dropped; the
+    sharded parameters' move to the host is then the estimator's to apply), the rest as given."""
+    plan = plan_offload(spec, strategy)
+    return ",".join(sorted(p for p in plan.parts if p != OffloadPart.PARAMS))
+
+
 def host_optimizer_bytes(*, n_trainable: int, state_bytes_per_param: int) -> dict[str, int]:
     """Host bytes of :class:`HostOptimizer` (the policy's arithmetic, for tests and the planner).
 
@@ -350,5 +358,5 @@ def make_offload(spec: str, strategy: str, device: torch.device) -> Offload:
     return Offload(plan=plan_offload(spec, strategy), device=torch.device(device))
 
 
-__all__ = ["OffloadPlan", "plan_offload", "host_optimizer_bytes", "HostOptimizer", "HostActivations", "Offload",
+__all__ = ["OffloadPlan", "plan_offload", "single_device_offload", "host_optimizer_bytes", "HostOptimizer", "HostActivations", "Offload",
            "make_offload"]
