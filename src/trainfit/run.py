@@ -26,6 +26,7 @@ from trainfit.export import init_weights
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
 from trainfit.levers.finetune import apply_lora, freeze, lora_block_names
+from trainfit.levers.offload import Offload, plan_offload
 from trainfit.levers.param_groups import param_groups, summary
 from trainfit.levers.precision import Precision, make_precision
 from trainfit.levers.schedule import advance, make_scheduler, restore_scheduler
@@ -71,6 +72,8 @@ class Run:
     """BatchNorm modules (they see one micro-batch, not the accumulated batch)."""
     frozen: list[str] = field(default_factory=list)
     """Parameters ``--freeze`` froze (LoRA's frozen base weights are not listed)."""
+    offload: Offload | None = None
+    """What ``--offload`` keeps in host memory (:mod:`trainfit.levers.offload`); None: nothing."""
 
     def step(self, micro_batches: Sequence, *, timer: Timer = NULL_TIMER, loss_fn: LossFn | None = None,
              strategy: Strategy | None = None) -> StepResult:
@@ -83,7 +86,8 @@ class Run:
         res = optimizer_step(model=self.model, optimizer=self.optimizer, precision=self.precision,
                              micro_batches=micro_batches, loss_fn=loss_fn or self.task.loss,
                              count_fn=self.task.count, strategy=strategy or self.strategy,
-                             grad_clip=self.cfg.grad_clip, timer=timer)
+                             grad_clip=self.cfg.grad_clip, timer=timer,
+                             activations=self.offload.activations() if self.offload else None)
         # Only once the step returned (a step that raised, e.g. out-of-memory redone smaller by auto-fit, has
         # not happened); skipped steps too: the schedule follows the loop's step count.
         advance(self.scheduler, stepped=res.stepped)
@@ -167,8 +171,10 @@ def task_of(cfg: RunConfig) -> Task:
 
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
+    plan = plan_offload(cfg.offload, cfg.strategy)  # refuses what cannot be offloaded, before any work
     task = task_of(cfg)
     strategy = strategy or make_strategy(cfg)
+    offload = Offload(plan=plan, device=strategy.device)
     model = task.build_model()
     if not isinstance(model, nn.Module):
         raise ConfigError("model", cfg.model, "a factory returning a torch.nn.Module")
@@ -183,11 +189,13 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
         blocks = lora_block_names(model, blocks)
     bn = warn_if_batchnorm(model, cfg.accumulation)
     checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
-    precision = make_precision(cfg.precision)
+    precision = offload.wrap_precision(make_precision(cfg.precision))  # the step on the host for optimizer offload
     precision.prepare(model)
-    model = strategy.wrap(model, precision, blocks)
+    model = strategy.wrap(model, precision, blocks, **offload.wrap_options())  # FSDP2's CPUOffloadPolicy
+    offload.after_wrap(model)
     # zero1: each rank keeps the state of its partition only; the other strategies return it as it is.
     optimizer = strategy.shard_optimizer(make_optimizer(cfg, precision.optimizer_params(model), model=model))
     return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
                scheduler=make_scheduler(optimizer, cfg),
-               checkpointed=checkpointed, batchnorm=bn, frozen=frozen)
+               checkpointed=checkpointed, batchnorm=bn, frozen=frozen,
+               offload=offload if offload.plan.parts else None)
