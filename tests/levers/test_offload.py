@@ -14,6 +14,7 @@ from trainfit.errors import ConfigError
 from trainfit.levers.offload import (HostActivations, HostOptimizer, host_optimizer_bytes, plan_offload,
                                      single_device_offload)
 from trainfit.plan.offload import offload_price
+from trainfit.probes.estimate import trace
 from trainfit.probes.memory import example_batch, new_tracker, tracked_step, warm_up
 from trainfit.results import MemoryReport
 from trainfit.run import build_run
@@ -179,6 +180,13 @@ def test_activation_offload_split_is_what_autograd_saves():
     assert tr.device_part_max["activations"] == 0
     assert tr.host_part_max["optimizer"] == tr.host_part_max["params"] == tr.host_part_max["grads"] == 0
     assert tr.device_part_max["optimizer"] == tr.part_max["optimizer"]  # the optimizer stays on the device
+
+
+@pytest.mark.parametrize("offload,precision", [("optimizer,activations", "fp32"), ("optimizer", "bf16-true")])
+def test_fake_tensor_trace_sees_the_measured_split(offload, precision):
+    _, measured = _split(offload=offload, precision=precision)
+    _, estimated, _, _ = trace(make_config({**TINY, "offload": offload, "precision": precision}))
+    assert estimated.host_split() == measured.host_split() != {}
 
 
 def test_no_offload_reports_no_split():
