@@ -15,6 +15,7 @@ from trainfit.levers.offload import (HostActivations, HostOptimizer, host_optimi
                                      single_device_offload)
 from trainfit.plan.offload import offload_price
 from trainfit.probes.estimate import trace
+from trainfit.meters.tracker import memory_cap
 from trainfit.probes.memory import example_batch, new_tracker, tracked_step, warm_up
 from trainfit.results import MemoryReport
 from trainfit.run import build_run
@@ -187,6 +188,22 @@ def test_fake_tensor_trace_sees_the_measured_split(offload, precision):
     _, measured = _split(offload=offload, precision=precision)
     _, estimated, _, _ = trace(make_config({**TINY, "offload": offload, "precision": precision}))
     assert estimated.host_split() == measured.host_split() != {}
+
+
+def test_memory_cap_counts_device_bytes_only():
+    """--memory-cap stands in for the device's memory: what offload moved to the host no longer fills it."""
+    resident, tr_resident = _split()
+    offloaded, tr_offloaded = _split(offload="optimizer,activations")
+    assert tr_offloaded.device_peak_bytes < tr_resident.peak_bytes
+    cap = (tr_offloaded.device_peak_bytes + tr_resident.peak_bytes) // 2
+    for run, fits in ((offloaded, True), (resident, False)):
+        mb = example_batch(run.task, 2)
+        try:
+            with memory_cap(cap, model=run.model, optimizer=run.optimizer, optimizer_params=run.optimizer_params()):
+                run.step([mb, mb])
+            assert fits, "the resident run should exceed the cap"
+        except torch.OutOfMemoryError:
+            assert not fits, "the offloaded run's device bytes are below the cap"
 
 
 def test_no_offload_reports_no_split():

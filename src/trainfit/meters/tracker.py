@@ -140,7 +140,8 @@ class MemoryTracker(TorchDispatchMode):
 
     Args:
         cap_bytes: when > 0, raise ``torch.OutOfMemoryError`` as soon as the live tracked
-            bytes exceed it (a CPU stand-in for a device limit; used by auto-fit).
+            *device* bytes exceed it (a CPU stand-in for a device limit; used by auto-fit). Host
+            storages (offload) do not count against it.
         exact: sweep freed storages after every op (exact peak and parts). With False,
             sweep only when the running upper bound crosses the peak or the cap.
         classify: tag activations (saved for backward) and attribute them to modules.
@@ -410,13 +411,14 @@ class MemoryTracker(TorchDispatchMode):
         if self.exact:
             self._sweep(self._volatile)
             self._record()
-        elif self.live_bytes > self.peak_bytes or (self.cap_bytes and self.live_bytes > self.cap_bytes):
+        elif self.live_bytes > self.peak_bytes or (self.cap_bytes and self.live_bytes - self.host_live_bytes
+                                                   > self.cap_bytes):
             self.sweep_all()
             self._record()
         for fn in self.listeners:
             fn(self)
-        if self.cap_bytes and self.live_bytes > self.cap_bytes:
-            live = self.live_bytes
+        if self.cap_bytes and self.live_bytes - self.host_live_bytes > self.cap_bytes:
+            live = self.live_bytes - self.host_live_bytes
             raise torch.OutOfMemoryError(
                 f"trainfit memory cap: {live:,} live bytes exceed memory_cap={self.cap_bytes:,} "
                 f"(in {self._current_phase()}); lower micro_batch or enable checkpointing")
