@@ -158,7 +158,13 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
             mbs = fit.micro_batches()  # blocks on the loader
             t1 = time.perf_counter()
             mbs = [to_device(mb, st.device) for mb in mbs]
+            shrinks = len(fit.events)
             res = fit.step(step, mbs, timer=timer)  # optimizer_step, under the memory cap if any
+            for ev in fit.events[shrinks:]:  # auto-fit names what it changed
+                if st.rank == 0:
+                    bar.write(f"trainfit: auto-fit: out of memory in step {ev['step']}: micro-batch {ev['from'][0]} x "
+                              f"accumulation {ev['from'][1]} -> {ev['to'][0]} x {ev['to'][1]} (global batch kept)",
+                              file=sys.stderr)
             phases = timer.collect()  # CUDA: one sync per step to read the events
             t2 = time.perf_counter()
             _check_health(cfg, run, res, consecutive_skips + (not res.stepped), step)

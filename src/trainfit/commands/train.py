@@ -19,7 +19,9 @@ from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import run_report
 from trainfit.config import dump_toml
 from trainfit.errors import ConfigError, TrainfitError, check_int
+from trainfit.levers.autofit import StepOutOfMemory
 from trainfit.outputs import claim_run_dir, dumps_json
+from trainfit.probes.oom import explain_oom
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
 from trainfit.strategies.compat import resolve_accumulation
@@ -108,9 +110,19 @@ def run(args) -> int:
 
 
 def _train(cfg, resume: bool) -> dict | None:
-    """Train; the summary on rank 0, None on the other ranks (only rank 0 reports)."""
-    summary = train(cfg, resume=resume, progress=True).to_dict()
+    """Train; the summary on rank 0, None on the other ranks (only rank 0 reports). A step that runs out of
+    memory (auto-fit off) is explained by rank 0 (``probes.oom``: RUN_DIR/oom.json and one paragraph, exit 2)."""
+    try:
+        summary = train(cfg, resume=resume, progress=True).to_dict()
+    except StepOutOfMemory as e:
+        failed = {"micro_batch": e.micro_batch, "accumulation": e.accumulation, "step": e.step}
+        if pg.current() is not None and pg.current().rank != 0:
+            raise
+    else:
+        failed = None
     world = pg.current()
+    if failed is not None:  # out of the except block: the failed step's frames (and its memory) are freed
+        raise TrainfitError(explain_oom(cfg, devices=world.world_size if world else 1, **failed))
     return summary if world is None or world.rank == 0 else None
 
 

@@ -37,6 +37,15 @@ from trainfit.meters.tracker import memory_cap
 from trainfit.tasks.base import Task, to_device
 
 
+class StepOutOfMemory(TrainfitError):
+    """A step ran out of memory with auto-fit off; ``trainfit train`` explains it (``probes.oom``)."""
+
+    def __init__(self, message: str, *, micro_batch: int, accumulation: int, step: int) -> None:
+        super().__init__(message)
+        self.micro_batch, self.accumulation, self.step = micro_batch, accumulation, step
+        """The split that did not fit, and the optimizer step (1-based) it failed in."""
+
+
 class _Ranks(Protocol):
     """The part of a strategy auto-fit uses: where this rank is, and one collective to agree on out-of-memory."""
 
@@ -156,9 +165,10 @@ class Fitter:
             if oom is None:
                 raise TrainfitError("auto-fit: another rank ran out of memory after this rank had stepped")
             if not self.auto:
-                raise TrainfitError(f"out of memory at micro_batch={self.micro_batch}: {oom} -- pass "
-                                    "--micro-batch auto (with --global-batch) to shrink it while running, or "
-                                    "see `trainfit plan`") from oom
+                raise StepOutOfMemory(f"out of memory at micro_batch={self.micro_batch}: {oom} -- pass "
+                                      "--micro-batch auto (with --global-batch) to shrink it while running, or "
+                                      "see `trainfit plan`", micro_batch=self.micro_batch,
+                                      accumulation=self.accumulation, step=step + 1) from oom
             self._drop_partial_step(oom)
             old = (self.micro_batch, self.accumulation)
             self.micro_batch, self.accumulation = shrink(*old)
