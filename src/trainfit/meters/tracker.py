@@ -188,6 +188,7 @@ class MemoryTracker(TorchDispatchMode):
         self.host_peak_parts = dict(self.totals)
         self._host_seen = False
         self._host_depth = 0  # > 0 inside host_scope()
+        self._cpu_is_host = False  # the run is on an accelerator: a CPU tensor is host memory
 
     # ---- registration -------------------------------------------------------------
     def register(self, tensors: Iterable[torch.Tensor | None], part: str) -> None:
@@ -205,6 +206,7 @@ class MemoryTracker(TorchDispatchMode):
         buffers = list(model.buffers())
         self.device_type = next((local_tensor(t).device.type for t in params + buffers
                                  if not getattr(t, HOST_ATTR, False)), None)
+        self._cpu_is_host = self.device_type not in (None, "cpu")
         self.register(params, "params")
         self.register(buffers, "params")
         self.register(extra, "optimizer")
@@ -227,7 +229,7 @@ class MemoryTracker(TorchDispatchMode):
         lt = local_tensor(t)
         if lt is not t and getattr(lt, HOST_ATTR, False):
             return True
-        return self.device_type not in (None, "cpu") and lt.device.type == "cpu"
+        return self._cpu_is_host and lt.device.type == "cpu"
 
     def _see_host(self) -> None:
         if not self._host_seen:  # everything so far was on the device
@@ -392,9 +394,10 @@ class MemoryTracker(TorchDispatchMode):
                 self._add(t, "temporaries")
         if "resize" in func.__name__:  # storage resized in place (FSDP2 frees/regrows params this way)
             self._resize(args[0])
-        for t in _tensors(out):
+        for t in _tensors(out):  # new storages: never marked yet, so only the scope and the device decide
             if _storage_key(t) not in entries:
-                self._add(t, "temporaries", host=True if self._host_depth else None)
+                host = bool(self._host_depth) or (self._cpu_is_host and t.device.type == "cpu")
+                self._add(t, "temporaries", host=host)
         self._after_op()
         return out
 
