@@ -115,7 +115,7 @@ def _gpt2_step(target):
         model = transformers.GPT2LMHeadModel(cfg).train()
         ids = torch.randint(0, 128, (B, S))
         with target_kernels(target) as record, _SavedInSdpa() as spy, torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss  # default use_cache: see test_hf_fake_mask_note
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # training, as tasks/hf.py sets it
         loss.backward()
         grads = [(p.grad.shape, p.grad.dtype, p.shape, p.dtype) for p in model.parameters()]
     return sum(spy.nbytes.values()), record, grads, (B, S, D, H), model
@@ -126,11 +126,11 @@ def test_hf_gpt2_attention_saves_the_flash_set_on_h100_and_more_on_cpu():
     h100_bytes, record, grads, (B, S, D, H), model = _gpt2_step("h100")
     # GPT-2 defaults: attn_pdrop 0.1 -> cuDNN refuses (not a multiple of 1/16), flash takes it
     assert [c.kernel for c in record.calls] == [FLASH] and record.calls[0].cpu_kernel == MATH
-    # by hand: q is a view of the bf16 c_attn output (B, S, 3D); k and v are the cache's copies (B, H, S, D/H)
-    # bf16; out (B, H, S, D/H) bf16; logsumexp (B, H, S) fp32; rng state: philox seed + offset (two uint64
-    # words) + one unused uint64 word
-    qkv, kv, out, lse, rng = B * S * 3 * D * 2, 2 * B * S * D * 2, B * S * D * 2, B * H * S * 4, 2 * 8 + 8
-    assert h100_bytes == qkv + kv + out + lse + rng
+    # by hand: q, k, v are views of one bf16 c_attn output (B, S, 3D); out (B, H, S, D/H) bf16;
+    # logsumexp (B, H, S) fp32; rng state: philox seed + offset (two uint64 words) + one unused uint64 word
+    qkv, out, lse, rng = B * S * 3 * D * 2, B * S * D * 2, B * H * S * 4, 2 * 8 + 8
+    assert h100_bytes == qkv + out + lse + rng
+    assert record.unpacked_assumed == 1                  # no (B, 1, S, S) mask built (see test_hf_fake_mask)
     cpu_bytes, cpu_record, _, _, _ = _gpt2_step("cpu")
     assert cpu_record.calls == []                        # cpu: the trace is left alone
     assert cpu_bytes > h100_bytes + B * H * S * S * 2    # math keeps (B, H, S, S) probabilities (and more)
@@ -151,7 +151,7 @@ def test_hf_llama_gqa_routes_without_expanding_kv():
         model = transformers.LlamaForCausalLM(cfg).train()
         ids = torch.randint(0, 128, (B, S))
         with target_kernels("a100", torch_version=(2, 11)) as record, torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
         assert all(p.grad.shape == p.shape for p in model.parameters())
     (call,) = record.calls
@@ -161,18 +161,37 @@ def test_hf_llama_gqa_routes_without_expanding_kv():
 # ------------------------------------------------------------------------- other ops, numerics of routes
 
 @pytest.mark.hf
-def test_hf_fake_mask_note():
-    """transformers builds an explicit causal mask under fake tensors when use_cache=False (it cannot read a
-    fake cache_position), though a real run passes none: the GPU rule then sees a mask (efficient, not flash)."""
+def test_hf_fake_mask():
+    """Without a cache, transformers cannot tell fake position_ids from a packed batch and builds a (B, 1, S, S)
+    mask, though a real run passes none (checked on real tensors here); target_kernels answers "unpacked"."""
     transformers = pytest.importorskip("transformers")
     with FakeTensorMode():
         cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64,
                                       bos_token_id=0, eos_token_id=0)
         model = transformers.GPT2LMHeadModel(cfg).train()
         ids = torch.randint(0, 64, (1, 64))
-        with target_kernels("a100") as record:
+        with target_kernels("a100") as record, _MaskSpy() as fake_spy, torch.autocast("cpu", dtype=torch.bfloat16):
             model(input_ids=ids, use_cache=False)
-    assert record.calls[0].has_attn_mask and record.calls[0].kernel == EFFICIENT
+        with _MaskSpy() as fake_plain:
+            model(input_ids=ids, use_cache=False)
+    real = transformers.GPT2LMHeadModel(cfg).train()
+    with _MaskSpy() as real_spy:
+        real(input_ids=torch.randint(0, 64, (1, 64)), use_cache=False)
+    assert real_spy.masks == [None] and fake_spy.masks == [None] and fake_plain.masks == [(1, 1, 64, 64)]
+    assert record.calls[0].kernel == FLASH and not record.calls[0].has_attn_mask
+
+
+class _MaskSpy(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.masks = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+            self.masks.append(None if mask is None else tuple(mask.shape))
+        return func(*args, **kwargs)
 
 
 def test_math_route_matches_plain_sdpa_and_bool_mask():

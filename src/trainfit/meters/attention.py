@@ -72,12 +72,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from trainfit.errors import ConfigError
@@ -281,6 +283,8 @@ class TargetRecord:
     """Training-mode dropouts run as CUDA's ``native_dropout`` (bool mask saved)."""
     fp32_casts: int = 0
     """Calls given fp32 inputs by the CUDA autocast rule (:data:`CUDA_FP32_OPS`)."""
+    unpacked_assumed: int = 0
+    """transformers mask builds where fake ``position_ids`` were taken as one unpacked sequence each."""
 
     def lines(self) -> list[str]:
         """One line per distinct difference from the CPU trace, with counts (what the estimator prints)."""
@@ -299,6 +303,9 @@ class TargetRecord:
         if self.fp32_casts:
             lines.append(f"autocast: {self.fp32_casts} calls (pow, softmax, layer_norm, ...) in fp32 as CUDA "
                          "autocast runs them, where CPU autocast keeps bf16/fp16")
+        if self.unpacked_assumed:
+            lines.append(f"transformers masks: {self.unpacked_assumed} builds took the fake position_ids as unpacked "
+                         "sequences (is_causal, no mask tensor), as a real run with contiguous positions does")
         return lines
 
 
@@ -436,8 +443,37 @@ def target_kernels(target: str, *, torch_version: tuple[int, int] | None = None)
     if target == "cpu":
         yield record
         return
-    with _TargetMode(record, torch_version or _torch_version()):
+    with _hf_unpacked_positions(record), _TargetMode(record, torch_version or _torch_version()):
         yield record
+
+
+@contextlib.contextmanager
+def _hf_unpacked_positions(record: TargetRecord) -> Iterator[None]:
+    """Take fake ``position_ids`` as unpacked in transformers' mask builder (only if transformers is loaded).
+
+    Without a KV cache (training: ``use_cache=False``), ``masking_utils.create_causal_mask`` asks
+    ``find_packed_sequence_indices(position_ids)`` whether the batch packs several sequences; it cannot read a
+    fake tensor, so it answers "maybe", and the mask is built as a (B, 1, S, S) tensor. A real run with
+    contiguous positions passes no mask and ``is_causal=True`` -- the flash / cuDNN kernels' case. The
+    estimator's batches are unpacked, so a fake tensor is answered "not packed" and the answer counted.
+    """
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def unpacked(position_ids, *args, **kwargs):
+        if isinstance(position_ids, FakeTensor):
+            record.unpacked_assumed += 1
+            return None
+        return original(position_ids, *args, **kwargs)
+
+    masking.find_packed_sequence_indices = unpacked
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
 
 
 def gpu_optimizer_defaults(optimizer: torch.optim.Optimizer) -> list[str]:
