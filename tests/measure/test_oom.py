@@ -6,8 +6,8 @@ import shlex
 from tests.reliability.cli_harness import cli, error_lines
 from trainfit.probes.oom import Change, rank_changes
 
-BASE = ["train", "--model", "gpt-tiny", "--model-config", "n_layer=2,d_model=32,n_head=2", "--seq", "32",
-        "--accumulation", "1", "--memory-cap", "2MiB", "--checkpoint-every", "0"]
+BASE = ["train", "--model", "gpt-tiny", "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "32",
+        "--accumulation", "1", "--memory-cap", "1.4MiB", "--checkpoint-every", "0"]
 
 
 def test_capped_run_names_a_change_and_the_change_fits(tmp_path):

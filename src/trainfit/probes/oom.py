@@ -68,6 +68,10 @@ class Change:
     fits: bool
 
 
+MIN_PRICED = 3
+"""Levers priced at least (cheapest first) even when the first fits: the paragraph shows alternatives."""
+
+
 def candidate_configs(cfg: RunConfig, devices: int, *, divisors: tuple[int, ...] = (2,)
                       ) -> list[tuple[str, tuple[str, ...], RunConfig]]:
     """(lever, flags, config) for each single change of :data:`LEVER_ORDER` that applies to ``cfg`` (pure);
@@ -126,7 +130,11 @@ def price_changes(cfg: RunConfig, cap_bytes: int, devices: int = 1) -> tuple[int
         peak = _estimate(c, devices).peak_bytes
         changes.append(Change(lever=lever, flags=flags, peak_bytes=peak, frees_bytes=base - peak, fits=peak <= limit))
 
-    for lever, flags, c in candidate_configs(cfg, devices):
+    order = {name: i for i, name in enumerate(LEVER_ORDER)}
+    singles = sorted(candidate_configs(cfg, devices), key=lambda x: order.get(x[0], len(order)))
+    for lever, flags, c in singles:  # cheapest first; stop once one fits and MIN_PRICED are priced
+        if any(ch.fits for ch in changes) and len(changes) >= MIN_PRICED:
+            break
         price(lever, flags, c)
     if not any(ch.fits for ch in changes):  # no single lever: smaller micro-batches, then with full checkpointing
         for lever, flags, c in candidate_configs(cfg, devices, divisors=(4, 8)):
@@ -141,17 +149,20 @@ def price_changes(cfg: RunConfig, cap_bytes: int, devices: int = 1) -> tuple[int
     return base, changes
 
 
-def snapshot(cfg: RunConfig) -> dict:
+def snapshot(cfg: RunConfig, *, step: int = 1) -> dict:
     """Replay the failing step on a fresh run under a classifying tracker with the same cap (on CUDA the
-    device's own limit) and label what was live when it ran out (the step is tried twice: an out-of-memory
-    in the optimizer update may need the state of a first step)."""
+    device's own limit) and label what was live when it ran out. A failure after the first step is replayed
+    after one untracked step (the optimizer state exists from then on), then tracked."""
     run = build_run(cfg)
     mb = to_device(example_batch(run.task, int(cfg.micro_batch)), run.strategy.device)
     mbs = [mb] * cfg.accumulation
     tracker = None
     try:
+        if step > 1:
+            run.step(mbs)  # uncapped: it fitted in the run too
         for _ in range(2):
-            tracker = new_tracker(run, cap_bytes=cfg.memory_cap)
+            # Lazy sweeps (cheap); the cap check sweeps before it raises, so the parts are exact at that moment.
+            tracker = new_tracker(run, cap_bytes=cfg.memory_cap, exact=False)
             tracked_step(run, mbs, tracker)
     except torch.OutOfMemoryError:
         t = tracker
@@ -212,7 +223,7 @@ def explain_oom(cfg: RunConfig, *, micro_batch: int, accumulation: int, step: in
     """
     failing = dataclasses.replace(cfg, micro_batch=micro_batch, accumulation=accumulation, global_batch=0)
     cap = device_cap(failing)
-    snap = snapshot(failing) if devices == 1 else {"reproduced": False, "phase": None, "live_bytes": 0,
+    snap = snapshot(failing, step=step) if devices == 1 else {"reproduced": False, "phase": None, "live_bytes": 0,
                                                    "parts": dict.fromkeys(PARTS, 0), "device_bytes": {},
                                                    "host_bytes": {}, "top_modules": []}
     base, changes = price_changes(failing, cap, devices)
