@@ -1,0 +1,206 @@
+"""GPU check for the target-kernel estimate (issue 14): ``--device h200`` estimates vs a real CUDA step.
+
+For hf GPT-2 small (n_layer=12, n_embd=768, n_head=12, n_positions=2048) and a Llama-shaped model (hidden
+2048, 16 layers, 16 heads / 8 kv heads, seq 2048), bf16-mixed, micro-batch 1 and 2, AdamW:
+
+1. the estimate: ``trainfit.probes.estimate.estimate_memory(cfg, device=TARGET)`` when the estimator takes
+   ``device=``; otherwise ``estimate_memory(cfg)`` inside ``trainfit.meters.attention.target_kernels(TARGET)``
+   (the fake CPU trace with the target's SDPA kernels, CUDA dropout and CUDA autocast rules). Both are fake
+   tensors on the CPU, so they run before any CUDA memory is touched;
+2. the real step on ``cuda``: ``build_run``, one warm-up step (optimizer states exist, as in the estimate's
+   steady step), ``reset_peak_memory_stats``, one step, ``max_memory_allocated``. The allocator also holds
+   memory that is no tensor of the step (cuBLAS / cuDNN workspaces, the CUDA context's allocations):
+   ``baseline`` = ``memory_allocated()`` before the step minus the bytes of the live params, grads and
+   optimizer states (unique storages), added to the estimate before comparing;
+3. pass: ``|estimate + baseline - max_memory_allocated| <= 5%`` of ``max_memory_allocated``.
+   ``max_memory_reserved`` (the caching allocator's reserve: rounding and fragmentation) is reported apart,
+   not compared. The SDPA kernel the real run could use (``torch.backends.cuda.can_use_*`` on the first
+   call's arguments) is reported next to the kernel the estimate assumed.
+
+Works on torch >= 2.6 with only torch + transformers (no internet: models are built from configs; without
+transformers the hf cases are skipped with a message). Output: one JSON line per case on stdout, and
+``$OUT/gpu_check_plan.json`` when ``OUT`` is set (or ``--out DIR``). Exit 0 when every case passes or is
+skipped, 1 otherwise. ``--dry-run`` (no CUDA needed) builds the configs and runs the estimates only.
+
+Usage::
+
+    python benchmarks/gpu_check_plan.py [--target h200] [--cases gpt2,llama] [--out DIR] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from trainfit.config import make_config
+from trainfit.meters.attention import target_kernels
+from trainfit.probes.estimate import estimate_memory
+
+TOLERANCE = 0.05
+SEQ = 2048
+MODELS = {
+    "gpt2": {"model": "hf:GPT2LMHeadModel",
+             "model_config": f"n_layer=12,n_embd=768,n_head=12,vocab_size=50257,n_positions={SEQ}"},
+    "llama": {"model": "hf:LlamaForCausalLM",
+              "model_config": "hidden_size=2048,intermediate_size=5504,num_hidden_layers=16,num_attention_heads=16,"
+                              f"num_key_value_heads=8,vocab_size=32000,max_position_embeddings={SEQ}"},
+}
+MICRO_BATCHES = (1, 2)
+
+
+def cases(names: list[str]) -> list[dict]:
+    return [{**MODELS[n], "name": n, "seq_len": SEQ, "micro_batch": mb, "precision": "bf16-mixed",
+             "checkpointing": "none", "optimizer": "adamw", "accumulation": 1}
+            for n in names for mb in MICRO_BATCHES]
+
+
+def transformers_missing() -> str | None:
+    try:
+        import transformers  # noqa: F401  (only probing that it is installed)
+    except ImportError as e:
+        return f"transformers is not installed here ({e}); hf cases skipped"
+    return None
+
+
+def estimate(case: dict, target: str) -> dict:
+    """The estimate for ``target``: the estimator's own ``device=`` when it has one, else our context."""
+    cfg = make_config({k: v for k, v in case.items() if k != "name"})
+    t0 = time.perf_counter()
+    if "device" in inspect.signature(estimate_memory).parameters:
+        report, how, lines = estimate_memory(cfg, device=target), f"estimate_memory(device={target!r})", []
+    else:
+        with target_kernels(target) as record:
+            report = estimate_memory(cfg)
+        how, lines = f"estimate_memory inside target_kernels({target!r})", record.lines()
+    return {"estimate_peak_bytes": report.peak_bytes, "estimate_peak_phase": report.peak_phase,
+            "estimate_parts": dict(report.peak_parts), "estimate_how": how, "estimate_s": time.perf_counter() - t0,
+            "kernel_notes": lines + list(report.notes)}
+
+
+class _FirstSdpa(TorchFunctionMode):
+    """Which SDPA kernels torch would allow for the first real call (arguments as the model passes them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.usable: dict[str, bool] | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and self.usable is None:
+            self.usable = _usable(args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _usable(args: tuple, kwargs: dict) -> dict[str, bool]:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    got = {**dict(zip(names, args)), **kwargs}
+    q, k, v = got["query"], got["key"], got["value"]
+    if torch.is_autocast_enabled("cuda"):  # the kernel sees the autocast dtype
+        low = torch.get_autocast_dtype("cuda")
+        q, k, v = (t.to(low) for t in (q, k, v))
+    params = [q, k, v, got.get("attn_mask"), float(got.get("dropout_p", 0.0)), bool(got.get("is_causal", False))]
+    try:  # enable_gqa joined SDPAParams in torch 2.5
+        p = torch.backends.cuda.SDPAParams(*params, bool(kwargs.get("enable_gqa", False)))
+    except TypeError:
+        p = torch.backends.cuda.SDPAParams(*params)
+    checks = {"flash": "can_use_flash_attention", "efficient": "can_use_efficient_attention",
+              "cudnn": "can_use_cudnn_attention"}
+    return {name: bool(getattr(torch.backends.cuda, fn)(p)) for name, fn in checks.items()
+            if hasattr(torch.backends.cuda, fn)}
+
+
+def _live_state_bytes(run) -> int:
+    """Unique storage bytes of the params, their grads and the optimizer states (live before the step)."""
+    seen: dict[int, int] = {}
+    tensors = [p for p in run.model.parameters()] + [p.grad for p in run.model.parameters() if p.grad is not None]
+    optimizer = getattr(run, "optimizer", None)
+    if optimizer is not None:
+        tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    for t in tensors:
+        if t.is_cuda:
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def measure(case: dict) -> dict:
+    """One real CUDA step's peak (after a warm-up step), with the allocator baseline and reserve."""
+    from trainfit.probes.memory import example_batch, warm_up  # noqa: I001  (the CUDA path only)
+    from trainfit.run import build_run
+    from trainfit.strategies.single import Single
+    from trainfit.tasks.base import to_device
+
+    cfg = make_config({k: v for k, v in case.items() if k != "name"})
+    run = build_run(cfg, strategy=Single("cuda"))
+    mb = to_device(example_batch(run.task, cfg.micro_batch), torch.device("cuda"))
+    warm_up(run, [mb])
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated() - _live_state_bytes(run)
+    torch.cuda.reset_peak_memory_stats()
+    spy = _FirstSdpa()
+    with spy:
+        run.step([mb])
+    torch.cuda.synchronize()
+    out = {"max_memory_allocated": torch.cuda.max_memory_allocated(),
+           "max_memory_reserved": torch.cuda.max_memory_reserved(), "baseline_untracked_bytes": baseline,
+           "real_sdpa_usable": spy.usable}
+    del run, mb
+    torch.cuda.empty_cache()
+    return out
+
+
+def check(case: dict, target: str, dry_run: bool) -> dict:
+    row = {**case, "target": target, **estimate(case, target)}
+    if dry_run:
+        return row
+    row.update(measure(case))
+    predicted = row["estimate_peak_bytes"] + row["baseline_untracked_bytes"]
+    row["relative_error"] = (predicted - row["max_memory_allocated"]) / row["max_memory_allocated"]
+    row["pass"] = abs(row["relative_error"]) <= TOLERANCE
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="h200", help="device table name the estimate is for (default h200)")
+    ap.add_argument("--cases", default="gpt2,llama", help="comma list of: " + ", ".join(MODELS))
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check_plan.json (default $OUT)")
+    ap.add_argument("--dry-run", action="store_true", help="estimates only (no CUDA)")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"--cases: unknown {unknown}; choose from {sorted(MODELS)}")
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check_plan: no CUDA device; nothing to check (try --dry-run)", file=sys.stderr)
+        return 0
+    skip = transformers_missing()
+    rows = []
+    for case in cases(names):
+        if skip is not None and case["model"].startswith("hf:"):
+            rows.append({**case, "skipped": skip})
+        else:
+            rows.append(check(case, args.target, args.dry_run))
+        print(json.dumps(rows[-1]), flush=True)
+    ok = all(r.get("pass", True) for r in rows)
+    if args.out:
+        out = Path(args.out) / "gpu_check_plan.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (dry run)"
+        out.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
+        print(f"gpu_check_plan: wrote {out}")
+    print(f"gpu_check_plan: {'PASS' if ok else 'FAIL'}{' (dry run: estimates only)' if args.dry_run else ''}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
