@@ -43,3 +43,11 @@ def test_the_smallest_fitting_change_is_chosen():
     assert rank_changes([ch("checkpointing selective", False), ch("micro-batch / 2", True)]).lever == "micro-batch / 2"
     assert rank_changes([ch("micro-batch / 2 + checkpointing full", True), ch("bf16-true", True)]).lever == "bf16-true"
     assert rank_changes([ch("bf16-mixed", False)]) is None
+
+
+def test_auto_fit_names_what_it_changed(tmp_path):
+    base = [x for x in BASE if x not in ("--accumulation", "1")]  # auto-fit chooses the split itself
+    r = cli([*base, "--micro-batch", "auto", "--global-batch", "8", "--steps", "2", "--run-dir", str(tmp_path / "a")],
+            cwd=tmp_path)
+    assert r.rc == 0, r.err[-1500:]
+    assert "auto-fit: out of memory in step 2: micro-batch 8 x accumulation 1 -> 4 x 2 (global batch kept)" in r.err
