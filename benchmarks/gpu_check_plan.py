@@ -24,7 +24,8 @@ skipped, 1 otherwise. ``--dry-run`` (no CUDA needed) builds the configs and runs
 
 Usage::
 
-    python benchmarks/gpu_check_plan.py [--target h200] [--cases gpt2,llama] [--out DIR] [--dry-run]
+    python benchmarks/gpu_check_plan.py [--target h200] [--cases gpt2,llama] [--micro-batches 1,2]
+                                        [--out DIR] [--dry-run]
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ MODELS = {
 MICRO_BATCHES = (1, 2)
 
 
-def cases(names: list[str]) -> list[dict]:
+def cases(names: list[str], micro_batches: tuple[int, ...] = MICRO_BATCHES) -> list[dict]:
     return [{**MODELS[n], "name": n, "seq_len": SEQ, "micro_batch": mb, "precision": "bf16-mixed",
              "checkpointing": "none", "optimizer": "adamw", "accumulation": 1}
-            for n in names for mb in MICRO_BATCHES]
+            for n in names for mb in micro_batches]
 
 
 def transformers_missing() -> str | None:
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="h200", help="device table name the estimate is for (default h200)")
     ap.add_argument("--cases", default="gpt2,llama", help="comma list of: " + ", ".join(MODELS))
+    ap.add_argument("--micro-batches", default=",".join(map(str, MICRO_BATCHES)), help="comma list (default 1,2)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check_plan.json (default $OUT)")
     ap.add_argument("--dry-run", action="store_true", help="estimates only (no CUDA)")
     args = ap.parse_args(argv)
@@ -180,12 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         ap.error(f"--cases: unknown {unknown}; choose from {sorted(MODELS)}")
+    try:
+        micro_batches = tuple(int(b) for b in args.micro_batches.split(","))
+    except ValueError:
+        ap.error(f"--micro-batches: integers, comma-separated; got {args.micro_batches!r}")
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check_plan: no CUDA device; nothing to check (try --dry-run)", file=sys.stderr)
         return 0
     skip = transformers_missing()
     rows = []
-    for case in cases(names):
+    for case in cases(names, micro_batches):
         if skip is not None and case["model"].startswith("hf:"):
             rows.append({**case, "skipped": skip})
         else:

@@ -250,5 +250,16 @@ def test_optimizer_takes_foreach_where_unset():
     assert gpu_optimizer_defaults(chosen) == [] and chosen.param_groups[0]["foreach"] is False
 
 
+def test_optimizer_steps_with_foreach_inside_a_gpu_target_only():
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    inside, after = torch.optim.AdamW([p]), torch.optim.AdamW([p])
+    with target_kernels("a100") as record:
+        inside.step()
+    after.step()  # the hook is gone after the block
+    assert inside.param_groups[0]["foreach"] is True and after.param_groups[0]["foreach"] is None
+    assert record.foreach_groups == 1 and any("foreach" in line for line in record.lines())
+
+
 def test_hf_note_for_other_models():
     assert "not a transformers model" in hf_attention_note(torch.nn.Linear(2, 2))

@@ -64,8 +64,9 @@ Other ops whose saved tensors differ by device, checked (the tests check the sta
 * embedding backward -- no: both save the indices; the dense weight gradient is allocated in backward.
 * optimizer* -- YES (temporaries, not saved tensors). ``torch.optim``'s ``_default_to_fused_or_foreach``
   picks foreach for CUDA tensors and the for-loop for CPU ones; foreach Adam/AdamW holds one temporary
-  per parameter at once (``_foreach_sqrt`` of the second moment: one more copy of the parameters).
-  :func:`gpu_optimizer_defaults` sets ``foreach=True`` where the user left it unset.
+  per parameter at once (``_foreach_sqrt`` of the second moment: one more copy of the parameters). With
+  a large model and short activations that is the step's peak. :func:`target_kernels` registers a global
+  optimizer step pre-hook that applies :func:`gpu_optimizer_defaults` (``foreach=True`` where unset).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
 from trainfit.errors import ConfigError
@@ -285,6 +287,8 @@ class TargetRecord:
     """Calls given fp32 inputs by the CUDA autocast rule (:data:`CUDA_FP32_OPS`)."""
     unpacked_assumed: int = 0
     """transformers mask builds where fake ``position_ids`` were taken as one unpacked sequence each."""
+    foreach_groups: int = 0
+    """Optimizer parameter groups switched to foreach (the CUDA default) at their first step."""
 
     def lines(self) -> list[str]:
         """One line per distinct difference from the CPU trace, with counts (what the estimator prints)."""
@@ -303,6 +307,9 @@ class TargetRecord:
         if self.fp32_casts:
             lines.append(f"autocast: {self.fp32_casts} calls (pow, softmax, layer_norm, ...) in fp32 as CUDA "
                          "autocast runs them, where CPU autocast keeps bf16/fp16")
+        if self.foreach_groups:
+            lines.append(f"optimizer: {self.foreach_groups} parameter groups step with foreach (the CUDA default: "
+                         "temporaries for all parameters at once) instead of the CPU for-loop")
         if self.unpacked_assumed:
             lines.append(f"transformers masks: {self.unpacked_assumed} builds took the fake position_ids as unpacked "
                          "sequences (is_causal, no mask tensor), as a real run with contiguous positions does")
@@ -443,8 +450,16 @@ def target_kernels(target: str, *, torch_version: tuple[int, int] | None = None)
     if target == "cpu":
         yield record
         return
-    with _hf_unpacked_positions(record), _TargetMode(record, torch_version or _torch_version()):
-        yield record
+    def foreach_default(optimizer, args, kwargs):
+        record.foreach_groups += len(gpu_optimizer_defaults(optimizer))
+
+    # a global step pre-hook (public torch.optim API): the optimizer is built inside the traced run
+    handle = register_optimizer_step_pre_hook(foreach_default)
+    try:
+        with _hf_unpacked_positions(record), _TargetMode(record, torch_version or _torch_version()):
+            yield record
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager
