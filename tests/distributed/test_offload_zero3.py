@@ -20,7 +20,7 @@ from .harness import errors, spawn
 BASE = {"model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2, "accumulation": 2,
         "dataset_size": 64, "optimizer": "adamw", "lr": 1e-2, "grad_clip": 1.0}
 CASES = {"zero3": {"strategy": "zero3"}, "zero3-offload": {"strategy": "zero3", "offload": "optimizer,params"},
-         "zero2": {"strategy": "zero2"}, "zero2-offload": {"strategy": "zero2", "offload": "optimizer"},
+         "zero2-offload": {"strategy": "zero2", "offload": "optimizer"},
          "ddp": {"strategy": "ddp"}, "ddp-offload": {"strategy": "ddp", "offload": "optimizer"}}
 STEPS = 3
 
@@ -65,11 +65,13 @@ def test_cpu_offload_policy_equals_resident_and_splits_by_the_arithmetic(tmp_pat
     codes = spawn(_worker, tmp_path)
     assert codes == [0, 0], errors(tmp_path)
     finals = torch.load(tmp_path / "finals.pt")
-    for strategy in ("zero3", "zero2", "ddp"):
-        a, b = finals[strategy], finals[f"{strategy}-offload"]
+    # zero2 and zero3 differ only in when they free the gathered parameters: the same numbers, so the
+    # resident zero3 run is zero2's reference too (one run fewer in the time budget).
+    for resident, offloaded in (("zero3", "zero3-offload"), ("zero3", "zero2-offload"), ("ddp", "ddp-offload")):
+        a, b = finals[resident], finals[offloaded]
         for k in a:
             err = float((a[k] - b[k]).abs().max() / a[k].abs().max())
-            assert err <= 1e-6, (strategy, k, err)
+            assert err <= 1e-6, (offloaded, k, err)
     for rank in (0, 1):
         for name, s in json.loads((tmp_path / f"split-{rank}.json").read_text()).items():
             n, host, device = s["padded"], s["host"], s["device"]
