@@ -213,7 +213,9 @@ def _tracker_pack() -> Callable[[torch.Tensor], Any] | None:
 
 
 def _selective_forward(original, *args, **kwargs):
-    context = functools.partial(_selective_context, _tracker_pack())
+    # Under torch.compile the hook stack is not traceable (a graph break); a compiled step is not tagged.
+    tag = None if torch.compiler.is_compiling() else _tracker_pack()
+    context = functools.partial(_selective_context, tag)
     return checkpoint(original, *args, use_reentrant=False, context_fn=context, **kwargs)
 
 
