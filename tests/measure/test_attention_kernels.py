@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from trainfit.errors import ConfigError
 from trainfit.meters.attention import (CPU_FLASH, CUDNN, EFFICIENT, FLASH, MATH, choose_sdpa_kernel,
-                                       gpu_optimizer_defaults, hf_attention_note, target_kernels)
+                                       fused_saved_bytes, gpu_optimizer_defaults, hf_attention_note, target_kernels)
 
 
 def _choose(target="h100", *, torch_version=(2, 8), **over):
@@ -156,6 +156,24 @@ def test_hf_llama_gqa_routes_without_expanding_kv():
         assert all(p.grad.shape == p.shape for p in model.parameters())
     (call,) = record.calls
     assert call.kernel == FLASH and call.kv_shape == (B, KV, S, hd) and call.dtype == "bf16"
+
+
+@pytest.mark.parametrize(("target", "tv", "dtype", "kw", "want"), [
+    ("h100", (2, 8), torch.bfloat16, {"is_causal": True, "dropout_p": 0.1}, FLASH),
+    ("h100", (2, 11), torch.bfloat16, {"is_causal": True}, CUDNN),
+    ("h100", (2, 8), torch.float32, {"is_causal": True}, EFFICIENT),      # L = 100: lse padded to 128
+])
+def test_fused_saved_bytes_equal_the_traced_kernel(target, tv, dtype, kw, want):
+    B, H, L, D = 2, 4, 100, 40
+    with FakeTensorMode():
+        q, k, v = (torch.randn(B, H, L, D, dtype=dtype, requires_grad=True) for _ in range(3))
+        with target_kernels(target, torch_version=tv) as record, _SavedInSdpa() as spy:
+            F.scaled_dot_product_attention(q, k, v, **kw)
+    assert record.calls[0].kernel == want
+    assert sum(spy.nbytes.values()) == fused_saved_bytes(want, batch=B, num_heads=H, num_kv_heads=H, q_len=L,
+                                                         kv_len=L, head_dim=D, dtype_bytes=dtype.itemsize)
+    with pytest.raises(ConfigError, match="kernel"):
+        fused_saved_bytes(MATH, batch=B, num_heads=H, num_kv_heads=H, q_len=L, kv_len=L, head_dim=D, dtype_bytes=2)
 
 
 # ------------------------------------------------------------------------- other ops, numerics of routes

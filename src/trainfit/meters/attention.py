@@ -242,6 +242,33 @@ def choose_sdpa_kernel(target: str, *, dtype: str, head_dim: int, has_attn_mask:
     return KernelChoice(name=MATH, reason="; ".join(refusals))
 
 
+def fused_saved_bytes(kernel: str, *, batch: int, num_heads: int, num_kv_heads: int, q_len: int, kv_len: int,
+                      head_dim: int, v_head_dim: int | None = None, dtype_bytes: int, mask_bytes: int = 0) -> int:
+    """Bytes one fused sdpa call keeps for backward (q, k, v as separate storages), for the planner's basis.
+
+    flash: q, k, v, out + logsumexp fp32 ``(B, H, L)`` + rng state (two uint64 words + one unused uint64);
+    cuDNN: the same with logsumexp ``(B, H, L, 1)`` and an int64 seed + offset; efficient: logsumexp
+    ``(B, H, ceil(L/32)*32)`` fp32, an int64 seed + offset, and the bias it was given (``mask_bytes``).
+    Linear in L and S: no sequence-squared term (math keeps one: trace it). Flash's head_dim is padded
+    to a multiple of 8 as ``attention.cpp`` does.
+
+    Raises:
+        ConfigError: a kernel other than flash, cudnn or efficient.
+    """
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    if kernel == FLASH:
+        head_dim, v_head_dim = -(-head_dim // 8) * 8, -(-v_head_dim // 8) * 8
+    qkv = batch * (num_heads * q_len * head_dim + num_kv_heads * kv_len * (head_dim + v_head_dim)) * dtype_bytes
+    out = batch * num_heads * q_len * v_head_dim * dtype_bytes
+    if kernel == FLASH:
+        return qkv + out + batch * num_heads * q_len * 4 + 3 * 8
+    if kernel == CUDNN:
+        return qkv + out + batch * num_heads * q_len * 4 + 2 * 8 + mask_bytes
+    if kernel == EFFICIENT:
+        return qkv + out + batch * num_heads * (-(-q_len // 32) * 32) * 4 + 2 * 8 + mask_bytes
+    raise ConfigError("kernel", kernel, (FLASH, CUDNN, EFFICIENT), "math keeps (B, H, L, S) tensors: trace it")
+
+
 # ---------------------------------------------------------------------------------------------- torch shell
 
 _DTYPE_NAME = {torch.float32: FP32, torch.float64: FP64, torch.bfloat16: BF16, torch.float16: FP16}
