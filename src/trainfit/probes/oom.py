@@ -153,6 +153,9 @@ def snapshot(cfg: RunConfig, *, step: int = 1) -> dict:
     """Replay the failing step on a fresh run under a classifying tracker with the same cap (on CUDA the
     device's own limit) and label what was live when it ran out. A failure after the first step is replayed
     after one untracked step (the optimizer state exists from then on), then tracked."""
+    gc.collect()  # the failed run sits in reference cycles: free its memory before building another
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     run = build_run(cfg)
     mb = to_device(example_batch(run.task, int(cfg.micro_batch)), run.strategy.device)
     mbs = [mb] * cfg.accumulation
