@@ -214,8 +214,6 @@ def choose_sdpa_kernel(target: str, *, dtype: str, head_dim: int, has_attn_mask:
     if target == "cpu":
         if dropout_p > 0.0:
             return KernelChoice(name=MATH, reason=f"CPU flash takes no dropout (dropout_p={dropout_p})")
-        if dtype not in DTYPE_NAMES:
-            return KernelChoice(name=MATH, reason=f"CPU flash does not take {dtype}")
         return KernelChoice(name=CPU_FLASH, reason="CPU flash: no dropout, dtype " + dtype + mask_note)
     if target not in ARCH:
         raise ConfigError("device", target, tuple(ARCH) + ("cpu",), "add a row to trainfit.meters.attention.ARCH")
