@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -279,6 +280,8 @@ class _Budget:
             self.choice.names = self.block_names[:self.count]
             L, c = len(self.blocks), self.count
             self.choice.kept_fraction = ((L - c) + c * r) / L if L else 1.0
+            # The user gave a fraction; which blocks that became is said once, on stderr (one line in the CLI).
+            warnings.warn(self.choice.line(), stacklevel=1)
         if index < self.count:
             return _checkpointed_forward(original, *args, **kwargs)
         return original(*args, **kwargs)
@@ -310,8 +313,9 @@ def apply_checkpointing(model: nn.Module, policy: CheckpointPolicy, block_names:
                           "it declares no repeated blocks to checkpoint")
     if isinstance(policy, MemoryBudget) and compiled and has_compile_budget():
         torch._functorch.config.activation_memory_budget = float(policy.fraction)
-        model._trainfit_checkpoint_choice = CheckpointChoice(spec=policy.spec, how="compile",
-                                                             n_blocks=len(block_names))
+        choice = CheckpointChoice(spec=policy.spec, how="compile", n_blocks=len(block_names))
+        model._trainfit_checkpoint_choice = choice
+        warnings.warn(choice.line(), stacklevel=1)  # which mechanism was used, where the user sees it
         return []
     names = select_blocks(policy, block_names, [(n, type(m).__name__) for n, m in modules.items()],
                           kept_ratio=0.0)
