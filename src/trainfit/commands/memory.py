@@ -15,6 +15,7 @@ from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
+from trainfit.meters.devices import DEVICES, device_row
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.probes.batchfit import fit_batch_scaling, second_batch
 from trainfit.probes.estimate import estimate_memory
@@ -48,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--devices", "--world", dest="devices", type=int, default=None,
                    help="with --estimate: devices (ranks) to spread --strategy over (per-rank bytes, no processes "
                         "launched)")
+    p.add_argument("--device", dest="target", default="cpu",
+                   help="with --estimate: the device whose kernels the trace follows (attention, dropout, autocast, "
+                        "optimizer as they run there): " + ", ".join(DEVICES) + " (default cpu: this machine's)")
     p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--compare-checkpointing", metavar="SPECS",
@@ -82,8 +86,13 @@ def run(args) -> int:
     if args.devices != 1 and args.method != "estimate":
         raise ConfigError("devices", args.devices, "1 when measuring", "add --estimate, or measure each rank by "
                           "launching `torchrun --nproc_per_node=N -m trainfit memory --strategy ...`")
+    device_row(args.target)  # an unknown device is refused before any work
+    if args.target != "cpu" and args.method != "estimate":
+        raise ConfigError("device", args.target, "cpu when measuring (this machine)", "add --estimate to trace the "
+                          f"step with {args.target}'s kernels")
     if args.method == "estimate":
-        make_report = functools.partial(estimate_memory, world_size=args.devices, strategy=cfg.strategy)
+        make_report = functools.partial(estimate_memory, world_size=args.devices, strategy=cfg.strategy,
+                                        target=args.target)
     else:
         make_report = measure_memory
     if args.compare_checkpointing is not None:

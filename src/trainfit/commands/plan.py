@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import math
 import sys
+import time
 from collections.abc import Collection, Iterator
 
 import torch
@@ -15,14 +16,22 @@ from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan
 from trainfit.integrations.read_config import plan_job, rank_note, read_from
-from trainfit.meters.devices import DEVICES, device_row, dtypes_of, measure_loopback
+from trainfit.meters.devices import DEVICES, device_row, dtypes_of, find_device, measure_loopback
 from trainfit.plan.basis import analytic_basis
 from trainfit.plan.rules import Context
-from trainfit.plan.search import CHECKPOINT_CHOICES, PRECISION_CHOICES, STRATEGY_CHOICES, SearchSpace, search
+from trainfit.plan.search import (
+    CHECKPOINT_CHOICES,
+    PRECISION_CHOICES,
+    STRATEGY_CHOICES,
+    SearchSpace,
+    needed_pairs,
+    search,
+)
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.plan.shapes import PlannedModel, parse_model_config, plan_model, run_spec
 from trainfit.plan.trainable import trainable
 from trainfit.presets import GPT_PRESETS, MODEL_HELP
+from trainfit.probes.fastbasis import cache_dir, prefetch
 from trainfit.probes.calibrate import (
     BASIS_SOURCES,
     basis_provider,
@@ -248,13 +257,24 @@ def make_plan(args, flags: dict | None = None):
         header.append(f"activations sized for rows of {rows:,} tokens: the longest this data produces"
                       + (" (packing: full seq_len)" if base.packing else f" (packing off: its longest document, "
                                                                           f"at most --seq {seq})"))
-    basis, used = basis_provider(base, source=args.basis)
+    basis, used = basis_provider(base, source=args.basis, target=row.name)
+    ctx = Context(devices=devices, dtypes=dtypes_of(row))
+    if used == "fast":  # every pair the search will ask for, traced in parallel (or read from the cache)
+        t0 = time.perf_counter()
+        pairs = needed_pairs(space, ctx)
+        bases = prefetch(base, pairs, target=row.name, progress=lambda msg: print("plan: " + msg, file=sys.stderr,
+                                                                                  flush=True))
+        basis = lambda p, ck: bases[(p, ck)]  # noqa: E731 -- the search asks for these pairs only
+        traced = sum("cached" not in b.source for b in bases.values())
+        header.append(f"basis: fast fake-tensor traces of {base.model} ({traced} of {len(bases)} pairs traced, the "
+                      f"rest read from the cache {cache_dir()}; {time.perf_counter() - t0:.1f} s)")
     if used == "analytic" and (tuned is not None or rows != seq):
         shape = planned.shape
         basis = (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=rows,
                                               optimizer=base.optimizer, trainable=tuned))
     elif (base.lora or base.freeze) and planned.shape is None:
         header.append(f"--lora/--freeze: the {used} basis builds the model with them and counts what trains")
+    header.extend(_source_lines(basis, used, row, base, calibrate=args.calibrate, needed=needed_pairs(space, ctx)))
     latency_s = 0.0
     intra = flags["intra"]
     if row.peak_row is None and args.calibrate and devices > 1:
@@ -281,7 +301,7 @@ def make_plan(args, flags: dict | None = None):
                       file=sys.stderr, flush=True)
                 links, dist_rows = with_dist_overhead(links, base, basis, world=2,
                                                       strategies=subsets.get("strategies"))
-        result = search(space, ctx=Context(devices=devices, dtypes=dtypes_of(row)), basis=basis, links=links)
+        result = search(space, ctx=ctx, basis=basis, links=links)
     result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
     if dist_rows:
@@ -323,15 +343,21 @@ def run(args) -> int:
     if flags["found"]:
         result.notes.append(rank_note(flags["found"][0], result.entries))
     shown = result.entries[:flags["top"]]
+    if result.best is None:  # the candidates and why each fails, then a refusal: exit 2, nothing written
+        if args.json:
+            print(dumps_json(plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()))
+        else:
+            _print_plan(result, shown, n_header)
+        wanted = [f for f, v in (("--write", flags["write"]), ("--write-for", flags["write_for"]),
+                                 ("--report", args.report or None)) if v is not None]
+        raise TrainfitError("plan: nothing fits, so there is no plan to run"
+                            + (f" and nothing was written ({', '.join(wanted)})" if wanted else "") + ": "
+                            + "; ".join(n for n in result.notes if n.startswith("nothing fits")))
     write, toml_text = flags["write"], None
     if write is not None:
-        if result.best is None:
-            raise TrainfitError("plan: nothing fits, so there is no config to --write: " + "; ".join(result.notes))
         toml_text = dump_toml(plan_config(result.best, base, devices=per_node, global_batch=space.global_batch))
     exported = None
     if flags["write_for"] is not None:  # the same row, in the tool's own configuration
-        if result.best is None:
-            raise TrainfitError("plan: nothing fits, so there is no config to --write-for: " + "; ".join(result.notes))
         exported = export_plan(flags["write_for"][0], plan_config(result.best, base, devices=per_node,
                                                                  global_batch=space.global_batch),
                                nodes=flags["nodes"], cpu=args.device == "cpu")
@@ -354,14 +380,41 @@ def run(args) -> int:
     if args.json:
         print(text)
         return 0
-    for n in result.notes[:n_header]:  # the job: what trains, the rows activations are sized for
+    _print_plan(result, shown, n_header)
+    if write is not None:
+        print(f"wrote {write}: run it with `trainfit train {write}`", file=sys.stderr)
+    return 0
+
+
+def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed) -> list[str]:
+    """One line per source of the plan's numbers: the basis, the kernels it assumes, the device, the step times."""
+    first = basis(*needed[0]) if needed else None
+    lines = []
+    if first is not None and used != "fast":
+        lines.append(f"basis ({used}): {first.source}")
+    elif first is not None:
+        how, _, kernels = first.source.partition("; kernels of ")
+        lines.append(f"basis trace: {how.removeprefix('fast trace (')}")
+        lines.append(f"kernels of {kernels}" if kernels else "kernels: this machine's (cpu)")
+    if used == "analytic":
+        lines.append("kernels: none traced: the analytic shape counts the tensors its blocks save (flash-style "
+                     "attention: no sequence-squared probabilities)")
+    elif used != "fast":
+        lines.append("kernels: this machine's CPU kernels (the estimate and measure bases trace or run here)")
+    peak = find_device(row.peak_row) if row.peak_row else None
+    lines.append(f"device {row.name}: {row.source}" + (f"; peaks: {peak.source}" if peak else ""))
+    lines.append("step times: " + ("fitted to steps measured on this machine (--calibrate)" if calibrate else
+                                   f"FLOPs / ({row.achievable_frac:.0%} of the dense peak) plus the ring model of "
+                                   "the links (plan.cost, plan.comm)"))
+    return lines
+
+
+def _print_plan(result, shown, n_header: int) -> None:
+    for n in result.notes[:n_header]:  # the job, and where its numbers come from
         print(n)
     print(format_table(shown))
     for n in result.notes[n_header:]:
         print(n)
-    if write is not None:
-        print(f"wrote {write}: run it with `trainfit train {write}`", file=sys.stderr)
-    return 0
 
 
 def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:

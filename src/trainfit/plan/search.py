@@ -160,6 +160,17 @@ def candidates(space: SearchSpace) -> list[Candidate]:
     return out
 
 
+def needed_pairs(space: SearchSpace, ctx: Context) -> list[tuple[str, str]]:
+    """The (precision, checkpointing) pairs :func:`search` asks a basis for, in its order: those of every
+    compatible candidate, and the activation precision a strategy computes in where it differs."""
+    out: dict[tuple[str, str], None] = {}
+    for c in candidates(space):
+        if not broken_rules(c, ctx):
+            out[(c.precision, c.checkpointing)] = None
+            out[(activation_precision(c.strategy, c.precision), c.checkpointing)] = None
+    return list(out)
+
+
 def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basis],
            links: Callable[[str, str], Links]) -> PlanResult:
     """Rank every compatible candidate; ``basis(precision, checkpointing)`` is called once per pair,

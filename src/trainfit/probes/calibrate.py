@@ -24,7 +24,8 @@ from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
 from trainfit.plan.basis import analytic_basis, basis_from_reports
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
 from trainfit.plan.shapes import shape_of
-from trainfit.probes.estimate import estimate_memory
+from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory
+from trainfit.probes.fastbasis import fast_basis
 from trainfit.probes.memory import example_batch, measure_memory
 from trainfit.probes.profile import task_flop_counter
 from trainfit.run import build_run, task_of
@@ -32,9 +33,10 @@ from trainfit.strategies.launch import spawn_errors, spawn_local
 from trainfit.tasks.base import to_device
 from trainfit.vocabulary import STRATEGIES, PrecisionName, StrategyName, precision_facts
 
-BASIS_SOURCES = ("auto", "analytic", "estimate", "measure")
-BASIS_BATCHES = (2, 4)
-"""Micro-batches the two memory reports of a basis are taken at."""
+BASIS_SOURCES = ("auto", "analytic", "fast", "estimate", "measure")
+"""Where a basis comes from: auto (analytic where the model has a shape, else fast), analytic (the shape's
+formulas, ``plan.basis``), fast (two traces per pair, cached: ``probes.fastbasis``), estimate (four full
+memory estimates per pair), measure (four measured steps per pair, on this machine)."""
 
 
 def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, source: str) -> Basis:
@@ -67,8 +69,10 @@ def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, sou
                               max_unit_params=max_unit)
 
 
-def basis_provider(base_cfg: RunConfig, *, source: str = "auto") -> tuple[Callable[[str, str], Basis], str]:
-    """``basis(precision, checkpointing)`` for the run in ``base_cfg`` and the source used."""
+def basis_provider(base_cfg: RunConfig, *, source: str = "auto",
+                   target: str = "cpu") -> tuple[Callable[[str, str], Basis], str]:
+    """``basis(precision, checkpointing)`` for the run in ``base_cfg`` and the source used; ``target``: the
+    device whose kernels a traced basis follows (a ``meters.devices.DEVICES`` name)."""
     if source not in BASIS_SOURCES:
         raise ConfigError("basis", source, BASIS_SOURCES)
     shape = shape_of(base_cfg.model, base_cfg.model_config, seq_len=base_cfg.seq_len)
@@ -78,7 +82,9 @@ def basis_provider(base_cfg: RunConfig, *, source: str = "auto") -> tuple[Callab
                               f"{base_cfg.model} has no analytic shape (built-in GPTs, llama-*, hf:LlamaForCausalLM)")
         return (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=base_cfg.seq_len,
                                              optimizer=base_cfg.optimizer)), "analytic"
-    chosen = "estimate" if source == "auto" else source
+    chosen = "fast" if source == "auto" else source
+    if chosen == "fast":
+        return (lambda p, ck: fast_basis(base_cfg, p, ck, target=target)), chosen
     return (lambda p, ck: report_basis(base_cfg, p, ck, source=chosen)), chosen
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
+from trainfit.meters.attention import hf_attention_note, target_kernels
+from trainfit.meters.flops import flop_counter
 from trainfit.meters.tracker import MemoryTracker
 from trainfit.probes.memory import (
     build_report,
@@ -77,8 +80,12 @@ def _fake_swappable(mode: FakeTensorMode) -> Iterator[None]:
 class SegmentStats:
     """Per (phase, segment) peak and part maxima, fed by the tracker after every op."""
 
-    def __init__(self, model: nn.Module, block_names: list[str]) -> None:
+    def __init__(self, model: nn.Module, block_names: list[str], *, unit: int = 1) -> None:
         self.n = len(block_names)
+        self.unit = unit
+        """Blocks per repeated unit: 1, or K under every:K checkpointing (K blocks repeat as one)."""
+        self.tag: tuple[int, int] = (0, 0)
+        """(step, micro-batch) being traced: segments of different windows are kept apart."""
         self.fwd = -1  # index of the last block entered in forward (-1: before the blocks)
         self.bwd = -1  # index of the block whose backward runs (-1: head and loss)
         self.peak: dict[tuple[str, int], dict[str, int]] = {}
@@ -121,7 +128,7 @@ class SegmentStats:
         if phase == "setup":
             return
         seg = self.fwd if phase == "forward" else self.bwd if phase == "backward" else -1
-        key = (phase, seg)
+        key = (self.tag, phase, seg)
         pk = self.peak.get(key)
         if pk is None or tr.live_bytes > pk["peak"]:
             self.peak[key] = {"peak": tr.live_bytes, **tr.totals}
@@ -134,21 +141,29 @@ class SegmentStats:
         for h in self._handles:
             h.remove()
 
-    def by_class(self) -> dict[tuple[str, str], tuple[dict[str, int], dict[str, int]]]:
-        """Segments merged into classes whose values are linear in the block count."""
-        out: dict[tuple[str, str], tuple[dict[str, int], dict[str, int]]] = {}
-        for (phase, seg), pk in self.peak.items():
-            for cls in _classes(seg, self.n):
-                k = (phase, cls)
+    def by_class(self) -> dict[tuple, tuple[dict[str, int], dict[str, int]]]:
+        """Segments merged into classes whose values are linear in the block count, per (tag, phase)."""
+        out: dict[tuple, tuple[dict[str, int], dict[str, int]]] = {}
+        for (tag, phase, seg), pk in self.peak.items():
+            for cls in _classes(seg, self.n, unit=self.unit):
+                k = (tag, phase, cls)
                 old_pk, old_pm = out.get(k, ({"peak": -1}, dict.fromkeys(PARTS, 0)))
-                pm = {p: max(old_pm[p], self.part_max[(phase, seg)][p]) for p in PARTS}
+                pm = {p: max(old_pm[p], self.part_max[(tag, phase, seg)][p]) for p in PARTS}
                 out[k] = (pk if pk["peak"] > old_pk["peak"] else old_pk, pm)
         return out
 
 
-def _classes(i: int, n: int) -> tuple[str, ...]:
+def _classes(i: int, n: int, *, unit: int = 1) -> tuple[str, ...]:
+    """Class names of block ``i`` of ``n``: first, second, second-to-last, last or middle -- of the repeated
+    *units* of ``unit`` blocks (every:K checkpointing repeats K blocks), with the block's place in its unit;
+    the blocks after the last whole unit are a tail of their own."""
     if i < 0:
         return ("outside",)
+    if unit > 1:
+        units, rem = divmod(n, unit)
+        if i >= units * unit:
+            return (f"tail{i - units * unit}",)
+        return tuple(f"{c}.{i % unit}" for c in _classes(i // unit, units))
     names = []
     if i == 0:
         names.append("first")
@@ -208,9 +223,38 @@ def shortcut_applies(cfg: RunConfig, task) -> str:
     return ""
 
 
-def _lin(v_a: float, v_b: float, depth: int) -> int:
-    a, b = SHORTCUT_DEPTHS
+def _lin(v_a: float, v_b: float, depth: int, depths: tuple[int, int] = SHORTCUT_DEPTHS) -> int:
+    a, b = depths
     return int(round(v_a + (depth - a) * (v_b - v_a) / (b - a)))
+
+
+def _extrapolated_classes(st_a: SegmentStats, st_b: SegmentStats, depth: int,
+                          depths: tuple[int, int] = SHORTCUT_DEPTHS) -> dict | None:
+    """{(tag, phase, class): (peak dict, part maxima)} at ``depth`` blocks, linear from the two traces;
+    None when the two traces' segment classes differ (the blocks are not identical)."""
+    cls_a, cls_b = st_a.by_class(), st_b.by_class()
+    if set(cls_a) != set(cls_b):
+        return None
+    out = {}
+    for k in cls_a:
+        (pk_a, pm_a), (pk_b, pm_b) = cls_a[k], cls_b[k]
+        out[k] = ({p: _lin(pk_a[p], pk_b[p], depth, depths) for p in ("peak", *PARTS)},
+                  {p: _lin(pm_a[p], pm_b[p], depth, depths) for p in PARTS})
+    return out
+
+
+def _phase_peaks(classes: dict, tag: tuple[int, int] | None = None) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """(peak per phase, part maxima) over the classes of one window ``tag`` (None: every window)."""
+    phases: dict[str, dict[str, int]] = {}
+    part_max = dict.fromkeys(PARTS, 0)
+    for (t, phase, _), (pk, pm) in classes.items():
+        if tag is not None and t != tag:
+            continue
+        if phase not in phases or pk["peak"] > phases[phase]["peak"]:
+            phases[phase] = pk
+        for p in PARTS:
+            part_max[p] = max(part_max[p], pm[p])
+    return phases, part_max
 
 
 def _extrapolate(cfg: RunConfig, task, batch: Any) -> MemoryReport | None:
@@ -218,18 +262,10 @@ def _extrapolate(cfg: RunConfig, task, batch: Any) -> MemoryReport | None:
     L = task.depth
     (run_a, tr_a, st_a, n), (run_b, tr_b, st_b, _) = (
         trace(_with_depth(cfg, task.depth_key, d), batch, segments=True) for d in (a, b))
-    cls_a, cls_b = st_a.by_class(), st_b.by_class()
-    if set(cls_a) != set(cls_b):  # the blocks are not identical after all: trace in full
+    extrapolated = _extrapolated_classes(st_a, st_b, L)
+    if extrapolated is None:  # the blocks are not identical after all: trace in full
         return None
-    phases: dict[str, dict[str, int]] = {}
-    part_max = dict.fromkeys(PARTS, 0)
-    for k in cls_a:
-        (pk_a, pm_a), (pk_b, pm_b) = cls_a[k], cls_b[k]
-        pk = {p: _lin(pk_a[p], pk_b[p], L) for p in ("peak", *PARTS)}
-        if k[0] not in phases or pk["peak"] > phases[k[0]]["peak"]:
-            phases[k[0]] = pk
-        for p in PARTS:
-            part_max[p] = max(part_max[p], _lin(pm_a[p], pm_b[p], L))
+    phases, part_max = _phase_peaks(extrapolated)
     peak_phase = max(phases, key=lambda ph: phases[ph]["peak"])
     peak = phases[peak_phase]
     mods_a = dict(fold_modules(tr_a.module_activation_bytes, run_a.task.block_names(run_a.model), top=10**6))
@@ -252,7 +288,7 @@ def _extrapolate(cfg: RunConfig, task, batch: Any) -> MemoryReport | None:
 
 def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
                     strategy: str = StrategyName.SINGLE,
-                    shortcut: bool = True) -> MemoryReport:
+                    shortcut: bool = True, target: str = "cpu") -> MemoryReport:
     """Estimate one optimizer step's memory without allocating (fake tensors).
 
     Args:
@@ -263,6 +299,9 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
             ``world_size`` analytically (gathered-parameter and bucket buffers are not counted).
         shortcut: trace 3 and 4 identical blocks and extrapolate (see module doc); False
             traces the whole model.
+        target: the device whose kernels the trace follows (``meters.attention.target_kernels``: attention,
+            dropout, CUDA autocast's fp32 ops, the foreach optimizer); "cpu": this machine's. What differs
+            from the CPU trace is listed in the report's notes.
     Returns:
         A :class:`MemoryReport` with method="estimated".
     """
@@ -277,12 +316,18 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
     if given is None:
         given = example_batch(task, cfg.micro_batch)
     why_not = shortcut_applies(cfg, task) if shortcut else "shortcut off"
-    report = None if why_not else _extrapolate(cfg, task, given)
-    if report is None:
-        why_not = why_not or "segments differ between the 3- and 4-block traces: traced in full"
-        run, tracker, _, n = trace(cfg, given)
-        report = build_report(run, tracker, method="estimated", batch=n, masters=masters_of(run), wall_s=0.0,
-                              details={"shortcut": why_not})
+    with target_kernels(target) as kernels:
+        report = None if why_not else _extrapolate(cfg, task, given)
+        if report is None:
+            why_not = why_not or "segments differ between the 3- and 4-block traces: traced in full"
+            run, tracker, _, n = trace(cfg, given)
+            report = build_report(run, tracker, method="estimated", batch=n, masters=masters_of(run), wall_s=0.0,
+                                  details={"shortcut": why_not})
+    if target != "cpu":
+        with torch.device("meta"):
+            note = hf_attention_note(task.build_model(), target)
+        report = dataclasses.replace(report, notes=(*report.notes, f"kernels of {target}: {note}",
+                                                    *(f"kernels of {target}: {x}" for x in kernels.lines())))
     report = shard_parts(report, strategy, world_size)
     return dataclasses.replace(report, wall_s=time.perf_counter() - t0, strategy=str(strategy), world_size=world_size)
 
@@ -311,3 +356,121 @@ def shard_parts(report: MemoryReport, strategy: str, world_size: int) -> MemoryR
         report, **fields, peak_bytes=peak_parts.pop("peak"), peak_parts=peak_parts, phases=phases,
         details={**report.details, "sharding": f"{strategy} over {world_size} ranks: {', '.join(parts)} divided "
                  "analytically (per-rank; gathered-parameter and bucket buffers not counted)"})
+
+
+# -- windows for the planner's basis ------------------------------------------------------------------------------
+BASIS_BATCHES = (2, 4)
+"""Micro-batches a basis is traced at: large enough that activations dominate the forward/backward peak
+(at 1 the peak can sit at a different moment, late in backward, which a line through it misses)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowReport:
+    """One (micro-batch, accumulation) window of a traced step: what ``plan.basis.basis_from_reports`` reads."""
+
+    method: str
+    precision: str
+    checkpointing: str
+    batch: int
+    n_params: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    phases: dict[str, dict[str, int]]
+
+
+def shortcut_depths(cfg: RunConfig, task) -> tuple[tuple[int, int] | None, int, str]:
+    """(the two depths to trace, blocks per repeated unit, why not) for the block shortcut of ``cfg``.
+
+    Under every:K the unit is K blocks (checkpointed, then K-1 kept) and the depths are 3 and 4 units plus
+    the remainder L mod K, which both traces keep as their tail."""
+    k = cfg.checkpointing.k if isinstance(cfg.checkpointing, EveryKthBlock) else 1
+    if not getattr(task, "depth_key", ""):
+        return None, k, "the task does not say how to change its number of blocks"
+    rem = task.depth % k
+    a, b = (d * k + rem for d in SHORTCUT_DEPTHS)
+    if task.depth <= b:
+        return None, k, f"only {task.depth} blocks: traced in full"
+    return (a, b), k, ""
+
+
+def _trace_windows(cfg: RunConfig, batches: tuple[int, int], unit: int, target: str = "cpu") -> SegmentStats:
+    """Warm up on one micro-batch, then trace two steps of accumulation 2: [b1, b2] and [b2, b1].
+
+    Each window's segments are kept apart (``SegmentStats.tag`` = (step, micro-batch)), so one trace gives
+    the first micro-batch of a step at both sizes (no gradients live yet) and a later micro-batch at both
+    sizes (every gradient live): the four reports a basis is fitted from."""
+    task = task_of(cfg)
+    real = [example_batch(task, b) for b in batches]
+    with target_kernels(target) as kernels, FakeTensorMode(allow_non_fake_inputs=True) as mode, \
+            _fake_swappable(mode), contextlib.ExitStack() as branches:
+        with MemoryTracker(stub_scalars=True, classify=False, exact=False):  # only to answer .item()
+            run = build_run(cfg)
+            fake_trace = getattr(run.task, "fake_trace", None)
+            if fake_trace is not None:
+                branches.enter_context(fake_trace())
+            f1, f2 = (_fake_batch(mode, b) for b in real)
+            with flop_counter() as flops:  # the warm-up step as it runs: recompute included
+                warm_up(run, [f1])
+        tracker = new_tracker(run, stub_scalars=True)
+        stats = SegmentStats(run.model, run.task.block_names(run.model), unit=unit)
+        tracker.listeners.append(stats)
+        try:
+            for step, mbs in enumerate(([f1, f2], [f2, f1])):
+                tracked_step(run, mbs, tracker, on_micro_batch=lambda j, step=step: setattr(stats, "tag", (step, j)))
+        finally:
+            stats.close()
+    stats.n_params = sum(p.numel() for p in {id(p): p for p in run.model.parameters()}.values())
+    stats.hardware_flops_per_sample = flops.get_total_flops() / batches[0]
+    stats.kernel_lines = [*kernels.lines(), hf_attention_note(run.model, target)]
+    return stats
+
+
+def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *,
+                   target: str = "cpu") -> tuple[tuple[WindowReport, ...], str, float, list[str]]:
+    """((r1, r2, q1, q2), how, hardware FLOPs per sample, what the target's kernels changed): one micro-batch at ``batches[0]`` and ``batches[1]``, and accumulation 2 at
+    each, estimated from one warm-up and two traced steps -- per depth of the block shortcut (two traces),
+    or one full-depth trace where the shortcut does not apply. The same numbers as four separate
+    :func:`estimate_memory` calls (at 2 x 4 traces); ``tests/plan/test_fast_basis.py`` holds them equal.
+    ``target``: a ``meters.devices.DEVICES`` name whose kernels the trace follows (``meters.attention``:
+    attention, dropout, CUDA autocast's fp32 ops, the foreach optimizer); "cpu" traces this machine's.
+    The FLOPs are counted by ``FlopCounterMode`` over the warm-up step (checkpointing's recompute included)."""
+    cfg = dataclasses.replace(cfg, strategy=StrategyName.SINGLE, devices=1, accumulation=2, micro_batch=batches[0])
+    task = task_of(cfg)
+    depths, unit, why_not = shortcut_depths(cfg, task)
+    classes = None
+    if depths is not None:
+        st_a, st_b = (_trace_windows(_with_depth(cfg, task.depth_key, d), batches, unit, target) for d in depths)
+        classes = _extrapolated_classes(st_a, st_b, task.depth, depths)
+        n_params = _lin(st_a.n_params, st_b.n_params, task.depth, depths)
+        hw_flops = _lin(st_a.hardware_flops_per_sample, st_b.hardware_flops_per_sample, task.depth, depths)
+        how = f"traced {depths[0]} and {depths[1]} of {task.depth} blocks, extrapolated linearly per segment"
+        kernel_lines = st_b.kernel_lines
+        if classes is None:
+            why_not = "segments differ between the two shortcut depths: traced in full"
+    if classes is None:
+        st = _trace_windows(cfg, batches, 1, target)
+        classes = {k: v for k, v in st.by_class().items()}
+        n_params, how, hw_flops = st.n_params, why_not, st.hardware_flops_per_sample
+        kernel_lines = st.kernel_lines
+    win = {tag: _phase_peaks(classes, tag) for tag in {k[0] for k in classes}}
+    part_max = _phase_peaks(classes)[1]
+    optimizer = win[(1, 1)][0].get("optimizer", {"peak": 0, **dict.fromkeys(PARTS, 0)})
+
+    def fwd_bwd(*tags):
+        out = {}
+        for ph in ("forward", "backward"):
+            cands = [win[t][0][ph] for t in tags if ph in win[t][0]]
+            if cands:
+                out[ph] = max(cands, key=lambda d: d["peak"])
+        return out
+
+    def report(batch: int, accumulation: int, tags) -> WindowReport:
+        return WindowReport(method="estimated", precision=str(cfg.precision), checkpointing=cfg.checkpointing.spec,
+                            batch=batch, n_params=n_params, params_bytes=part_max["params"],
+                            grads_bytes=part_max["grads"], optimizer_bytes=part_max["optimizer"],
+                            phases={**fwd_bwd(*tags), "optimizer": optimizer})
+
+    b1, b2 = batches
+    return (report(b1, 1, [(0, 0)]), report(b2, 1, [(1, 0)]),
+            report(b1, 2, [(0, 0), (1, 1)]), report(b2, 2, [(1, 0), (0, 1)])), how, float(hw_flops), kernel_lines

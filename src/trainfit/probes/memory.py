@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,16 +58,21 @@ def batch_size_of(batch: Any) -> int:
     return 1
 
 
-def tracked_step(run: Run, micro_batches: Sequence[Any], tracker: MemoryTracker) -> None:
+def tracked_step(run: Run, micro_batches: Sequence[Any], tracker: MemoryTracker,
+                 on_micro_batch: Callable[[int], None] | None = None) -> None:
     """One ``run.step`` under ``tracker``, labelling phases forward/backward/optimizer.
 
     The phase is set from outside the step: forward while the task's loss runs, backward
     from the loss until autograd's last backward of the window ends, optimizer after.
+    ``on_micro_batch(j)`` is called as micro-batch ``j`` of the window starts (the estimator
+    labels its segments with it).
     """
     n = len(micro_batches)
     state = {"calls": 0, "in_backward_seen": False}
 
     def loss_fn(model, mb):
+        if on_micro_batch is not None:
+            on_micro_batch(state["calls"])
         tracker.set_phase("forward")
         out = run.task.loss(model, mb)
         state["calls"] += 1

@@ -1,0 +1,246 @@
+"""The planner's basis for any model the estimator can trace, in seconds, cached on disk.
+
+A :class:`~trainfit.plan.cost.Basis` is fitted from four windows of the step -- one micro-batch at 2 and
+at 4 samples, and accumulation 2 at each (``plan.basis.basis_from_reports``). The full path
+(``--basis estimate``) gets them from four memory estimates, each tracing 3 and 4 blocks of the model
+with its own warm-up: 8 traces per (precision, checkpointing) pair. This one gets the same four windows
+from two traces (``probes.estimate.window_reports``: warm-up, then the steps [2, 4] and [4, 2] with each
+window's segments kept apart), extrapolated in depth exactly as the estimator's block shortcut is; FLOPs
+are counted by ``FlopCounterMode`` on the same fake warm-up steps and extrapolated alike (they are linear
+in the blocks).
+
+Why not also short sequences: a fake-tensor trace costs the same at any size (nothing is computed or
+allocated), so the traces run at the plan's own sequence length and micro-batches, and nothing is
+extrapolated in the sequence -- no quadratic attention term to fit, no error from it.
+
+Cache: each basis is a JSON file under ``$TRAINFIT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/trainfit`` or
+``~/.cache/trainfit``), keyed by everything that changes the trace: the job's model, config, sequence,
+precision, checkpointing, optimizer, what trains, the data's tokenizer, the target device's kernels,
+the files those name (size and modification time), and the versions of torch, transformers and
+trainfit's own source. A second plan of the same job reads it back in milliseconds.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from trainfit.config import RunConfig, make_config
+from trainfit.plan.basis import basis_from_reports
+from trainfit.plan.cost import Basis
+from trainfit.probes.estimate import BASIS_BATCHES, window_reports
+from trainfit.run import task_of
+from trainfit.vocabulary import PRECISIONS, PrecisionName, StrategyName
+
+BASIS_VERSION = 1
+"""Bumped when the way a basis is traced or fitted changes (old cache entries are then not read)."""
+
+KEY_FIELDS = ("model", "model_config", "seq_len", "precision", "checkpointing", "optimizer", "lora", "freeze",
+              "data", "text_field", "tokenizer", "packing", "compile", "compile_mode", "compile_scope", "offload")
+"""The RunConfig fields a basis depends on (the rest -- lr, steps, run_dir, ... -- change no tensor)."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TRAINFIT_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainfit"
+
+
+@functools.cache
+def _source_digest() -> str:
+    """sha256 over trainfit's own source: a changed estimator never reads a basis the old one wrote."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _file_stamps(cfg: RunConfig) -> list:
+    """(path, size, mtime_ns) of every file or directory the job names: a local checkpoint, a JSON config,
+    a user's model module, the data, a tokenizer."""
+    names = [cfg.model.removeprefix("hf:"), cfg.model.removeprefix("module:").split(":")[0].replace(".", "/") + ".py",
+             cfg.model_config.split(",")[0], cfg.data, cfg.tokenizer]
+    out = []
+    for name in names:
+        p = Path(name) if name else None
+        if p is None or not p.exists():
+            continue
+        files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
+        out.extend((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files[:200])
+    return out
+
+
+def cache_key(cfg: RunConfig, *, target: str) -> str:
+    try:
+        import transformers  # noqa: PLC0415 -- third-party: its version is part of the key when it is installed
+        hf = transformers.__version__
+    except ImportError:
+        hf = None
+    d = cfg.to_dict()
+    values = {"fields": {k: d[k] for k in KEY_FIELDS}, "target": target, "files": _file_stamps(cfg),
+              "torch": torch.__version__, "transformers": hf, "trainfit": _source_digest(),
+              "version": BASIS_VERSION, "batches": BASIS_BATCHES}
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def read_cached(key: str) -> Basis | None:
+    path = cache_dir() / "basis" / f"{key}.json"
+    try:
+        return Basis(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):  # absent, unreadable or from another layout: trace again
+        return None
+
+
+def write_cached(key: str, basis: Basis) -> Path | None:
+    """Written atomically (a killed plan leaves no half file); None when the cache directory is not writable."""
+    folder = cache_dir() / "basis"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(dataclasses.asdict(basis), f)
+        os.replace(tmp, folder / f"{key}.json")
+        return folder / f"{key}.json"
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _units(cfg: RunConfig) -> tuple[int, int, float]:
+    """(blocks, trainable parameter tensors, parameters of the largest FSDP unit: a block or the root),
+    from the full model built on the meta device (nothing allocated)."""
+    task = task_of(cfg)
+    with torch.device("meta"):
+        meta = task.build_model()
+        blocks = task.block_names(meta)
+        n_tensors = sum(1 for p in meta.parameters() if p.requires_grad)
+        per_block = [sum(p.numel() for p in meta.get_submodule(name).parameters()) for name in blocks]
+        total = sum(p.numel() for p in meta.parameters())
+    return max(len(blocks), 1), n_tensors, float(max([*per_block, total - sum(per_block)]))
+
+
+TRACED_AS = {PrecisionName.FP16_MIXED: PrecisionName.BF16_MIXED, PrecisionName.FP16_TRUE: PrecisionName.BF16_TRUE}
+"""Precisions whose trace is another's: fp16 and bf16 have the same element size and the same autocast op
+lists, so every tensor of the step has the same bytes; the fp16 policies add the loss scaler's fp32 scale
+(4 bytes), added here. ``tests/plan/test_fast_basis.py`` holds the traces of both equal but for those bytes."""
+SCALER_BYTES = 4
+
+
+def _as_traced(basis: Basis, precision: str) -> Basis:
+    """The basis of ``precision`` from the trace of ``TRACED_AS[precision]``."""
+    acc = basis.acc_extra_fixed_bytes
+    return dataclasses.replace(
+        basis, precision=precision, temp_fixed_bytes=basis.temp_fixed_bytes + SCALER_BYTES,
+        acc_extra_fixed_bytes=None if acc is None else acc + SCALER_BYTES,
+        source=f"{basis.source}; {precision} from the {basis.precision} trace (the same bytes, plus the loss "
+               f"scaler's {SCALER_BYTES}-byte scale)")
+
+
+def _pair_cfg(base_cfg: RunConfig, precision: str, checkpointing: str) -> RunConfig:
+    return make_config({"precision": precision, "checkpointing": checkpointing, "micro_batch": 1, "accumulation": 1,
+                        "strategy": StrategyName.SINGLE, "devices": 1, "global_batch": 0}, base=base_cfg)
+
+
+def _model_flops(base_cfg: RunConfig, precision: str, target: str, use_cache: bool) -> float:
+    """FLOPs of one sample without recompute: those of a pair without checkpointing (the same in every
+    precision: FLOPs count shapes), read from the cache where any precision has one, else traced."""
+    if use_cache:
+        for p in PRECISIONS:
+            cached = read_cached(cache_key(_pair_cfg(base_cfg, p, "none"), target=target))
+            if cached is not None:
+                return cached.hardware_flops_per_sample
+    return fast_basis(base_cfg, precision, "none", target=target, use_cache=use_cache).hardware_flops_per_sample
+
+
+def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, target: str = "cpu",
+               use_cache: bool = True) -> Basis:
+    """The basis of ``base_cfg``'s model for one (precision, checkpointing) pair: from the cache, or traced."""
+    if precision in TRACED_AS:
+        return _as_traced(fast_basis(base_cfg, TRACED_AS[precision], checkpointing, target=target,
+                                     use_cache=use_cache), precision)
+    cfg = _pair_cfg(base_cfg, precision, checkpointing)
+    key = cache_key(cfg, target=target)
+    if use_cache:
+        cached = read_cached(key)
+        if cached is not None:
+            return dataclasses.replace(cached, source=cached.source.replace("traced in", "cached; first traced in"))
+    t0 = time.perf_counter()
+    (r1, r2, q1, q2), how, hw_flops, kernel_lines = window_reports(cfg, target=target)
+    # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
+    model_flops = hw_flops if checkpointing == "none" else _model_flops(base_cfg, precision, target, use_cache)
+    n_blocks, n_tensors, max_unit = _units(dataclasses.replace(cfg, precision=base_cfg.precision,
+                                                               checkpointing=base_cfg.checkpointing))
+    basis = basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
+                               n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
+                               max_unit_params=max_unit)
+    basis = dataclasses.replace(basis, source=f"fast trace ({how}; micro-batches {BASIS_BATCHES[0]} and "
+                                              f"{BASIS_BATCHES[1]}, accumulation 1 and 2; traced in "
+                                              f"{time.perf_counter() - t0:.1f} s); kernels of {target}: "
+                                              + "; ".join(kernel_lines))
+    if use_cache:
+        write_cached(key, basis)
+    return basis
+
+
+def _traced(args: tuple) -> dict:
+    """In a forked worker: one pair's basis as plain values (one torch thread: the workers share the CPUs)."""
+    base_cfg, precision, checkpointing, target = args
+    torch.set_num_threads(1)
+    return dataclasses.asdict(fast_basis(base_cfg, precision, checkpointing, target=target))
+
+
+def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | None = None,
+             progress: Callable[[str], None] | None = None) -> dict:
+    """Trace every (precision, checkpointing) pair not in the cache yet, in parallel, and return them all.
+
+    The first missing pair is traced here (it warms what every trace shares: imports, the fake-tensor
+    dispatch cache), the others in ``workers`` forked processes (default: the CPUs, at most 4), which
+    start from that warm state. Where forking is not available the pairs are traced one after another."""
+    wanted = list(dict.fromkeys(pairs))
+    pairs = list(dict.fromkeys((TRACED_AS.get(p, p), ck) for p, ck in wanted))
+    out = {}
+    missing = []
+    for p, ck in pairs:
+        cached = read_cached(cache_key(_pair_cfg(base_cfg, p, ck), target=target))
+        if cached is not None:
+            out[(p, ck)] = fast_basis(base_cfg, p, ck, target=target)
+        else:
+            missing.append((p, ck))
+    if not missing:
+        return _with_aliases(out, wanted)
+    missing.sort(key=lambda pair: pair[1] != "none")  # a pair without checkpointing first: the others'
+    first, rest = missing[0], missing[1:]               # model FLOPs are its (cached before the workers start)
+    t0 = time.perf_counter()
+    out[first] = fast_basis(base_cfg, *first, target=target)  # a model that cannot be traced fails here, quietly
+    workers = min(workers or os.cpu_count() or 1, 4, len(rest))
+    if progress is not None and rest:
+        progress(f"traced the basis of {first[0]}/{first[1]} in {time.perf_counter() - t0:.1f} s; {len(rest)} more "
+                 f"(precision, checkpointing) pairs on {max(workers, 1)} processes, cached in {cache_dir()} ...")
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            for pair, values in zip(rest, pool.map(_traced, [(base_cfg, *pair, target) for pair in rest])):
+                out[pair] = Basis(**values)
+    else:
+        for pair in rest:
+            out[pair] = fast_basis(base_cfg, *pair, target=target)
+    return _with_aliases(out, wanted)
+
+
+def _with_aliases(traced: dict, wanted: list) -> dict:
+    return {(p, ck): traced[(p, ck)] if p not in TRACED_AS else _as_traced(traced[(TRACED_AS[p], ck)], p)
+            for p, ck in wanted}
