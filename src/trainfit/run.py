@@ -25,6 +25,7 @@ from trainfit.errors import CheckpointError, ConfigError
 from trainfit.export import init_weights
 from trainfit.levers.accumulation import warn_if_batchnorm
 from trainfit.levers.checkpointing import apply_checkpointing
+from trainfit.levers.compile import CompileInfo, apply_compile
 from trainfit.levers.finetune import apply_lora, freeze, lora_block_names
 from trainfit.levers.offload import Offload, plan_offload
 from trainfit.levers.param_groups import param_groups, summary
@@ -72,6 +73,8 @@ class Run:
     """BatchNorm modules (they see one micro-batch, not the accumulated batch)."""
     frozen: list[str] = field(default_factory=list)
     """Parameters ``--freeze`` froze (LoRA's frozen base weights are not listed)."""
+    compiled: CompileInfo | None = None
+    """What ``--compile`` compiled and how many graphs since (``compiled.graphs()``); None when off."""
     offload: Offload | None = None
     """What ``--offload`` keeps in host memory (:mod:`trainfit.levers.offload`); None: nothing."""
 
@@ -170,7 +173,7 @@ def task_of(cfg: RunConfig) -> Task:
 
 
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
-    """Task -> model -> checkpointing -> precision -> strategy wrap -> optimizer."""
+    """Task -> model -> checkpointing -> precision -> compile -> strategy wrap -> optimizer."""
     plan = plan_offload(cfg.offload, cfg.strategy)  # refuses what cannot be offloaded, before any work
     task = task_of(cfg)
     strategy = strategy or make_strategy(cfg)
@@ -191,11 +194,15 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
     precision = offload.wrap_precision(make_precision(cfg.precision))  # the step on the host for optimizer offload
     precision.prepare(model)
+    # torchtitan's order: checkpointing -> compile each block -> fully_shard; the compiled forward is an
+    # instance attribute, so DDP's and FSDP2's hooks stay eager around it (levers/compile.py).
+    compiled = (apply_compile(model, scope=cfg.compile_scope, mode=cfg.compile_mode, block_names=blocks,
+                              device_type=strategy.device.type) if cfg.compile else None)
     model = strategy.wrap(model, precision, blocks, **offload.wrap_options())  # FSDP2's CPUOffloadPolicy
     offload.after_wrap(model)
     # zero1: each rank keeps the state of its partition only; the other strategies return it as it is.
     optimizer = strategy.shard_optimizer(make_optimizer(cfg, precision.optimizer_params(model), model=model))
     return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
                scheduler=make_scheduler(optimizer, cfg),
-               checkpointed=checkpointed, batchnorm=bn, frozen=frozen,
+               checkpointed=checkpointed, batchnorm=bn, frozen=frozen, compiled=compiled,
                offload=offload if offload.plan.parts else None)
