@@ -459,6 +459,12 @@ class ProfileReport(_Typed):
     profiles stored before these keys existed."""
     checkpointing: str = ""
     accumulation: int = 0
+    compile_s: float | None = None
+    """``--compile``: the first (compiling) step's seconds less the median step -- compile cost, apart from
+    ``step_s``, which the warm-up and timed steps measure after it; None without ``--compile``."""
+    compile_graphs: int | None = None
+    """``--compile``: graphs compiled in the first step, and ``recompiles`` those in the timed steps after it."""
+    recompiles: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property

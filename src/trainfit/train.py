@@ -58,6 +58,12 @@ class Summary:
     """exp(val_loss)."""
     model_dir: str | None = None
     """Where the model was exported at the end (None when nothing was exported)."""
+    compile_s: float | None = None
+    """``--compile``: wall seconds of the steps that compiled graphs, less a steady step each -- the compile
+    cost, kept apart from step time (``items_per_s`` still counts the whole wall time); None without it."""
+    compile: dict | None = None
+    """``--compile``: what was compiled (scope, targets, backend, mode), ``graphs`` compiled by this run and
+    ``recompiles_after_first_step`` (0 expected: shapes are symbolic); None without it."""
 
     def to_dict(self) -> dict:
         """The ``--json`` summary; the rate also under ``<unit>_per_s`` (``tokens_per_s`` or ``samples_per_s``)."""
@@ -148,6 +154,10 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
     cuda = st.device.type == "cuda"
     timer = PhaseTimer(st.device)  # per-step breakdown for metrics.jsonl (a few perf_counter calls)
     t_start = last_save = time.perf_counter()
+    graphs = run.compiled.graphs() if run.compiled else 0
+    compile_steps: list[float] = []  # seconds of the steps that compiled a graph (--compile)
+    steady_steps: list[float] = []
+    graphs_first = None
     try:
         for step in range(start, cfg.steps):
             done = step + 1
@@ -182,6 +192,11 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
                 "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
                 **{f"{k}_s": v for k, v in phases.items()},  # forward, backward[_sync], optimizer
             }
+            if run.compiled:  # graphs compiled during this step: >0 at the first step, then 0 (a recompile)
+                now = run.compiled.graphs()
+                record["compile_graphs"], graphs = now - graphs, now
+                (compile_steps if record["compile_graphs"] else steady_steps).append(t2 - t0)
+                graphs_first = graphs if graphs_first is None else graphs_first
             if cuda:  # CPU has no allocator peak to read (the memory probe measures it there)
                 record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(st.device)
             if val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
@@ -192,6 +207,7 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
                 metrics.flush()
             board.write(done, record)
             shown = f" val={last_val['val_loss']:.4f}" if last_val else ""
+            shown += f" compile={sum(compile_steps):.1f}s" if run.compiled else ""
             bar.set_postfix_str(f"loss={res.loss:.4f}{shown} {run.task.unit}/s={rate:,.0f} data={data_frac:.0%} "
                                 f"scale={res.loss_scale:g} lr={lr:.3g}", refresh=False)
             bar.update(1)
@@ -213,7 +229,19 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
                    effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
                    run_dir=str(run_dir), wall_s=wall, val_loss=last_val.get("val_loss"),
                    val_perplexity=last_val.get("val_perplexity"),
-                   model_dir=str(model_dir) if model_dir is not None else None)
+                   model_dir=str(model_dir) if model_dir is not None else None,
+                   **_compile_summary(run, compile_steps, steady_steps, graphs_first))
+
+
+def _compile_summary(run: Run, compile_steps: list[float], steady_steps: list[float], graphs_first) -> dict:
+    """``compile_s`` and ``compile`` of the summary (empty without ``--compile``): compiling steps' wall time
+    less the median steady step for each, and the graphs compiled after the first step (recompiles)."""
+    if not run.compiled:
+        return {}
+    steady = sorted(steady_steps)[len(steady_steps) // 2] if steady_steps else 0.0
+    info = run.compiled.to_dict()
+    info["recompiles_after_first_step"] = info["graphs"] - (graphs_first or 0)
+    return {"compile_s": max(0.0, sum(compile_steps) - steady * len(compile_steps)), "compile": info}
 
 
 # -- checkpoints by steps or by time -------------------------------------------------------------------------

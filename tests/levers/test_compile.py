@@ -131,6 +131,12 @@ def test_verify_and_train_under_compile(aot_eager, tmp_path):
     assert out["compile_s"] >= 0.0
     rows = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     assert all("compile_graphs" in row for row in rows) and rows[-1]["compile_graphs"] == 0
+    r = cli(["profile", *TINY_FLAGS, "--compile", "on", "--json", "--steps", "1", "--warmup", "0",
+             "--no-batch-probe", "--bandwidth", "1GB/s"])
+    assert r.rc == 0, r.err
+    prof = json.loads(r.out)
+    assert prof["compile_s"] >= 0.0 and prof["recompiles"] == 0 and "not probed under --compile" in prof[
+        "precision_probe_note"]
 
 
 @pytest.mark.skipif(not any(shutil.which(n) for n in compile_lever.cpp_compilers()), reason="no C++ compiler")

@@ -444,7 +444,12 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         raise ConfigError("micro_batch", "auto", "a number for profiling", "pass --micro-batch N")
     flops = task_flop_counter(run.task, cfg.checkpointing)
     batches = step_batches(run, cfg.micro_batch)
+    first_s = graphs = None
+    if run.compiled:  # the first step compiles: timed on its own, apart from the warm-up and timed steps
+        first_s = run_steps(run, batches, steps=1, warmup=0)[0]["step_s"]
+        graphs = run.compiled.graphs()
     rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops)
+    recompiles = run.compiled.graphs() - graphs if run.compiled else None  # before the probes build other runs
     parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}
     med = {k: v["median"] for k, v in parts.items()}
     total_s = sum(r["step_s"] for r in rows)
@@ -469,7 +474,9 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         if gain is not None and gain > options.thresholds.batch_gain:
             suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
     precision_times, precision_note = ({}, "not probed")
-    if options.precision_probe:
+    if options.precision_probe and run.compiled:  # each candidate would compile its own graphs first
+        precision_note = "not probed under --compile (each precision compiles its own graphs; compare eagerly)"
+    elif options.precision_probe:
         precision_times, precision_note = probe_precision(run, options)
     samples = [r["step_s"] - r["data_wait_s"] - r["comm_exposed_s"] for r in rows]  # per-step compute
     compute_s = statistics.median(samples)
@@ -507,4 +514,6 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         steps=options.steps, warmup=options.warmup, trace=trace, threads=torch.get_num_threads(),
         model=cfg.model, precision=str(cfg.precision), checkpointing=cfg.checkpointing.spec,
         accumulation=cfg.accumulation,
+        compile_s=max(0.0, first_s - med["step_s"]) if first_s is not None else None,
+        compile_graphs=graphs, recompiles=recompiles,
     )
