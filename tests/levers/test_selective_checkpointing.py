@@ -107,3 +107,19 @@ def test_compare_checkpointing_table_and_bad_specs(tmp_path):
     r = cli(["train", "--checkpointing", "budget:x", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     check_promise(r, tmp_path, before)
     assert r.rc == 2 and "budget:F" in error_lines(r.err)[0]
+
+
+def test_budget_under_compile_sets_the_compiler_budget_instead_of_choosing_blocks():
+    if not ck.has_compile_budget():
+        pytest.skip("this torch has no activation_memory_budget")
+    task = make_task("gpt-tiny", model_config=GPT, seq_len=SEQ)
+    model = task.build_model()
+    before = torch._functorch.config.activation_memory_budget
+    try:
+        with pytest.warns(UserWarning, match="activation_memory_budget=0.25"):
+            names = ck.apply_checkpointing(model, ck.MemoryBudget(fraction=0.25), task.block_names(model), compiled=True)
+        assert names == [] and torch._functorch.config.activation_memory_budget == 0.25
+        assert ck.checkpoint_choice(model).how == "compile"
+        assert not any(getattr(m, "_trainfit_checkpointed", False) for m in model.modules())
+    finally:
+        torch._functorch.config.activation_memory_budget = before

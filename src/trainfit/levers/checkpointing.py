@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
@@ -289,8 +290,7 @@ class _Budget:
 
 def has_compile_budget() -> bool:
     """This torch has ``torch._functorch.config.activation_memory_budget`` (2.4+)."""
-    cfg = getattr(getattr(torch, "_functorch", None), "config", None)
-    return cfg is not None and hasattr(cfg, "activation_memory_budget")
+    return hasattr(functorch_config, "activation_memory_budget")
 
 
 def apply_checkpointing(model: nn.Module, policy: CheckpointPolicy, block_names: Sequence[str], *,
@@ -312,7 +312,7 @@ def apply_checkpointing(model: nn.Module, policy: CheckpointPolicy, block_names:
         raise ConfigError("checkpointing", policy.spec, "none, full or class:Name for this model",
                           "it declares no repeated blocks to checkpoint")
     if isinstance(policy, MemoryBudget) and compiled and has_compile_budget():
-        torch._functorch.config.activation_memory_budget = float(policy.fraction)
+        functorch_config.activation_memory_budget = float(policy.fraction)
         choice = CheckpointChoice(spec=policy.spec, how="compile", n_blocks=len(block_names))
         model._trainfit_checkpoint_choice = choice
         warnings.warn(choice.line(), stacklevel=1)  # which mechanism was used, where the user sees it
