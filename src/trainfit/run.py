@@ -191,14 +191,13 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
         model = apply_lora(model, lora)  # freezes every base weight; the adapters are what trains
         blocks = lora_block_names(model, blocks)
     bn = warn_if_batchnorm(model, cfg.accumulation)
-    # before sharding; budget:F under compile sets the compiler's activation_memory_budget instead
-    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks, compiled=cfg.compile)
+    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
     precision = offload.wrap_precision(make_precision(cfg.precision))  # the step on the host for optimizer offload
     precision.prepare(model)
     # torchtitan's order: checkpointing -> compile each block -> fully_shard; the compiled forward is an
     # instance attribute, so DDP's and FSDP2's hooks stay eager around it (levers/compile.py).
     compiled = (apply_compile(model, scope=cfg.compile_scope, mode=cfg.compile_mode, block_names=blocks,
-                              device_type=strategy.device.type) if cfg.compile else None)
+                              device_type=strategy.device.type, memory_cap=cfg.memory_cap) if cfg.compile else None)
     model = strategy.wrap(model, precision, blocks, **offload.wrap_options())  # FSDP2's CPUOffloadPolicy
     offload.after_wrap(model)
     # zero1: each rank keeps the state of its partition only; the other strategies return it as it is.

@@ -241,6 +241,10 @@ def _compile_summary(run: Run, compile_steps: list[float], steady_steps: list[fl
     steady = sorted(steady_steps)[len(steady_steps) // 2] if steady_steps else 0.0
     info = run.compiled.to_dict()
     info["recompiles_after_first_step"] = info["graphs"] - (graphs_first or 0)
+    if not info["graphs"]:  # said, not hidden: the steps may have run eagerly
+        info["note"] = (info["note"] + "; " if info["note"] else "") + (
+            "no graph was compiled by this run: reused from an earlier compile in this process, or dynamo skipped "
+            "the frames (it does while a TorchDispatchMode such as --memory-cap's tracker is active)")
     return {"compile_s": max(0.0, sum(compile_steps) - steady * len(compile_steps)), "compile": info}
 
 

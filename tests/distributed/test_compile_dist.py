@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from .harness import errors, spawn
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # two ranks each pay dynamo's first compile (~15 s idle)
 
 BASE = {"model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 16, "micro_batch": 2, "accumulation": 2,
         "dataset_size": 64, "optimizer": "sgd", "lr": 0.5, "grad_clip": 1.0}

@@ -53,6 +53,9 @@ def test_missing_compiler_and_cuda_graph_modes_are_refused():
     with pytest.raises(ConfigError, match="compile_mode='reduce-overhead'"):
         check_mode(CompileMode.REDUCE_OVERHEAD, "cpu")
     check_mode(CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS, "cpu")
+    # --memory-cap's tracker is a TorchDispatchMode: dynamo compiles nothing under it (measured: 0 graphs), refused
+    with pytest.raises(ConfigError, match="compile='on'.*memory-cap"):
+        build_run(RunConfig(**TINY, compile=True, memory_cap=64 * 2**20))
 
 
 def test_cli_without_a_compiler_is_one_line_exit_2(tmp_path, monkeypatch):

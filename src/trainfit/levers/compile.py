@@ -175,7 +175,7 @@ class CompileInfo:
 # ----------------------------------------------------------------- torch shell
 
 def apply_compile(model: nn.Module, *, scope: CompileScope, mode: CompileMode, block_names: Sequence[str],
-                  device_type: str, backend=None, dynamic: bool = True) -> CompileInfo:
+                  device_type: str, backend=None, dynamic: bool = True, memory_cap: int = 0) -> CompileInfo:
     """Compile ``model`` in place (lazily: tracing happens at the first forward); returns what was done.
 
     Call after activation checkpointing and ``precision.prepare`` and before ``strategy.wrap``.
@@ -184,10 +184,17 @@ def apply_compile(model: nn.Module, *, scope: CompileScope, mode: CompileMode, b
         backend: a registered backend name or a backend callable (probes/compile.py's); default
             :func:`backend_name`.
         dynamic: symbolic shapes from the first call (the run's); a probe of one shape passes False.
+        memory_cap: the run's ``--memory-cap`` (refused with compile, see Raises).
 
     Raises:
-        ConfigError: no C++ compiler for inductor on CPU; a CUDA-graph mode off CUDA.
+        ConfigError: no C++ compiler for inductor on CPU; a CUDA-graph mode off CUDA; ``--memory-cap``
+            (its tracker steps every step under a TorchDispatchMode, and dynamo does not compile a frame while
+            one is active: the run would quietly be eager -- measured: 0 graphs).
     """
+    if memory_cap:
+        raise ConfigError("compile", "on", "off with --memory-cap",
+                          "the cap tracks every step under a TorchDispatchMode, under which dynamo compiles nothing "
+                          "(the steps would run eagerly); drop --memory-cap or --compile")
     backend = backend or backend_name()
     check_backend(backend, device_type)
     check_mode(CompileMode(mode), device_type)
@@ -195,8 +202,8 @@ def apply_compile(model: nn.Module, *, scope: CompileScope, mode: CompileMode, b
     modules = dict(model.named_modules())
     # inductor takes ``mode``; other backends (aot_eager) take none.
     kw = {"mode": str(mode)} if backend == "inductor" and mode != CompileMode.DEFAULT else {}
-    info = CompileInfo(plan=plan, backend=backend if isinstance(backend, str) else getattr(backend, "__name__", "custom"),
-                       mode=CompileMode(mode), dynamic=dynamic,
+    label = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+    info = CompileInfo(plan=plan, backend=label, mode=CompileMode(mode), dynamic=dynamic,
                        graphs_at_start=graphs_compiled_total(), breaks_at_start=graph_breaks_total())
     for name in plan.targets:
         mod = modules[name]
