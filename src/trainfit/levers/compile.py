@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -155,7 +155,6 @@ class CompileInfo:
     """Symbolic shapes from the first call (see the module docstring)."""
     graphs_at_start: int = 0
     breaks_at_start: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
 
     def graphs(self) -> int:
         """Graphs compiled since the lever was applied (process-wide counter: another compiled run stepped in
