@@ -481,6 +481,8 @@ class ProfileReport(_Typed):
         # A profile stored before the precision probe existed (neither key) reads back to the same JSON.
         if not self.precision_probe and not self.precision_probe_note:
             del d["precision_probe"], d["precision_probe_note"]
+        if self.compile_s is None:  # --compile's keys only when it was on (older profiles read back the same)
+            del d["compile_s"], d["compile_graphs"], d["recompiles"]
         return d
 
 
@@ -562,10 +564,14 @@ class VerifyReport(_Typed):
     """Why it failed, most likely first (empty when it passed)."""
     checkpointing: str = ""
     """The checkpointing policy verified; empty in reports stored before this key existed."""
+    compiled: bool = False
+    """The run under test was compiled (``--compile``; the reference is always eager fp32)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         if not self.checkpointing:  # a report stored before the key existed reads back to the same JSON
             del d["checkpointing"]
+        if not self.compiled:  # only said when it was (reports without it read back the same)
+            del d["compiled"]
         return d

@@ -126,7 +126,7 @@ def test_compiled_composes_with_checkpointing_and_bf16_mixed(aot_eager):
 def test_verify_and_train_under_compile(aot_eager, tmp_path):
     r = cli(["verify", *TINY_FLAGS, "--compile", "on", "--json", "--run-dir", str(tmp_path / "v")])
     assert r.rc == 0, r.err
-    assert json.loads(r.out)["passed"] is True
+    assert json.loads(r.out)["passed"] is True and json.loads(r.out)["compiled"] is True
     r = cli(["train", *TINY_FLAGS, "--steps", "3", "--compile", "on", "--json", "--run-dir", str(tmp_path / "t")])
     assert r.rc == 0, r.err
     out = json.loads(r.out)

@@ -197,7 +197,8 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
                         grad_cosine=cos, grad_rel_error=grad_rel, grad_norm_ratio=ratio,
                         update_max_rel_error=upd_rel, skipped_steps=skipped,
                         fp16_underflow_frac=fp16_underflow_fraction(ref_grads), loss_scale=scale,
-                        tolerance=tol, passed=ok, causes=tuple(causes), checkpointing=cfg.checkpointing.spec)
+                        tolerance=tol, passed=ok, causes=tuple(causes), checkpointing=cfg.checkpointing.spec,
+                        compiled=run.compiled is not None)
 
 
 def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,
