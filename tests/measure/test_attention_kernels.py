@@ -281,3 +281,19 @@ def test_optimizer_steps_with_foreach_inside_a_gpu_target_only():
 
 def test_hf_note_for_other_models():
     assert "not a transformers model" in hf_attention_note(torch.nn.Linear(2, 2))
+
+
+def test_checkpointed_blocks_recompute_with_the_target_kernels():
+    """Autograd drops torch-function modes in backward; the checkpoint's recompute re-enters the target's, so it
+    saves what the forward saved (else torch.utils.checkpoint refuses the mismatch)."""
+    from trainfit.config import make_config
+    from trainfit.probes.estimate import estimate_memory
+
+    def est(ck):
+        cfg = make_config({"model": "gpt-tiny", "model_config": "n_layer=2,d_model=32,n_head=2", "seq_len": 64,
+                           "checkpointing": ck, "precision": "bf16-mixed", "micro_batch": 2, "accumulation": 1})
+        return estimate_memory(cfg, target="h100")
+
+    full, none = est("full"), est("none")
+    assert full.activations_bytes < none.activations_bytes
+    assert any("runs cudnn" in n or "runs flash" in n or "runs efficient" in n for n in full.notes)

@@ -45,6 +45,7 @@ from torch.utils.checkpoint import CheckpointPolicy as SavePolicy
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from trainfit.errors import ConfigError
+from trainfit.meters.attention import recompute_context
 from trainfit.meters.tracker import MemoryTracker
 from trainfit.vocabulary import (
     CHECKPOINT_SPECS,
@@ -199,9 +200,18 @@ def checkpoint_choice(model: nn.Module) -> CheckpointChoice | None:
 
 
 # -- the torch shell -------------------------------------------------------------------------------------------
+def _recomputable(original):
+    """``original`` run under the estimator's target-kernel mode again when autograd recomputes it
+    (``meters.attention.recompute_context``: the mode is not on the stack inside backward)."""
+    def run(*args, **kwargs):
+        with recompute_context():
+            return original(*args, **kwargs)
+    return run
+
+
 def _checkpointed_forward(original, *args, **kwargs):
     # Non-reentrant: works with kwargs, with inputs that do not require grad, and under FSDP2.
-    return checkpoint(original, *args, use_reentrant=False, **kwargs)
+    return checkpoint(_recomputable(original), *args, use_reentrant=False, **kwargs)
 
 
 def _tracker_pack() -> Callable[[torch.Tensor], Any] | None:
@@ -218,7 +228,7 @@ def _selective_forward(original, *args, **kwargs):
     # Under torch.compile the hook stack is not traceable (a graph break); a compiled step is not tagged.
     tag = None if torch.compiler.is_compiling() else _tracker_pack()
     context = functools.partial(_selective_context, tag)
-    return checkpoint(original, *args, use_reentrant=False, context_fn=context, **kwargs)
+    return checkpoint(_recomputable(original), *args, use_reentrant=False, context_fn=context, **kwargs)
 
 
 def _storage_key(t: torch.Tensor) -> int | None:

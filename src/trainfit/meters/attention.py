@@ -480,11 +480,30 @@ def target_kernels(target: str, *, torch_version: tuple[int, int] | None = None)
 
     # a global step pre-hook (public torch.optim API): the optimizer is built inside the traced run
     handle = register_optimizer_step_pre_hook(foreach_default)
+    mode = _TargetMode(record, torch_version or _torch_version())
+    _ACTIVE.append(mode)
     try:
-        with _hf_unpacked_positions(record), _TargetMode(record, torch_version or _torch_version()):
+        with _hf_unpacked_positions(record), mode:
             yield record
     finally:
+        _ACTIVE.remove(mode)
         handle.remove()
+
+
+_ACTIVE: list[TorchFunctionMode] = []
+"""The target modes entered (innermost last): activation checkpointing re-enters one in its recompute."""
+
+
+def recompute_context() -> contextlib.AbstractContextManager:
+    """What a checkpoint's recompute must run under to see the target's kernels again.
+
+    Autograd runs the recompute with no torch-function mode on the stack (checked on torch 2.13: a mode entered
+    around the forward is gone inside backward), so the forward would save the target kernel's tensors and the
+    recompute the CPU's -- which the checkpoint refuses. ``levers.checkpointing`` enters this around every
+    recompute: the innermost :func:`target_kernels` mode when one is active and not on the stack, else nothing."""
+    if _ACTIVE and torch._C._len_torch_function_stack() == 0:
+        return _ACTIVE[-1]
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ from trainfit.probes.memory import (
 )
 from trainfit.results import MemoryReport, fold_modules, precision_notes
 from trainfit.run import build_run, task_of
-from trainfit.vocabulary import PARTS, STRATEGIES, EveryKthBlock, StrategyName, strategy_facts
+from trainfit.vocabulary import PARTS, STRATEGIES, EveryKthBlock, MemoryBudget, StrategyName, strategy_facts
 
 SHORTCUT_DEPTHS = (3, 4)
 """Block counts traced by the shortcut (the smallest with distinct first/second/second-to-last/last)."""
@@ -220,6 +220,15 @@ def shortcut_applies(cfg: RunConfig, task) -> str:
         return f"only {task.depth} blocks: traced in full"
     if isinstance(cfg.checkpointing, EveryKthBlock) and cfg.checkpointing.k > 1:
         return "every:K checkpointing makes blocks differ: traced in full"
+    return _whole_only(cfg)
+
+
+def _whole_only(cfg: RunConfig) -> str:
+    """Why the block shortcut cannot apply at any depth ('' when it can)."""
+    if isinstance(cfg.checkpointing, MemoryBudget):  # which blocks it checkpoints depends on the depth
+        return f"{cfg.checkpointing.spec} checkpoints a share of the blocks that depends on their number: traced in full"
+    if cfg.offload:
+        return "offload: the device/host split is traced in full"
     return ""
 
 
@@ -387,6 +396,8 @@ def shortcut_depths(cfg: RunConfig, task) -> tuple[tuple[int, int] | None, int, 
     k = cfg.checkpointing.k if isinstance(cfg.checkpointing, EveryKthBlock) else 1
     if not getattr(task, "depth_key", ""):
         return None, k, "the task does not say how to change its number of blocks"
+    if _whole_only(cfg):
+        return None, k, _whole_only(cfg)
     rem = task.depth % k
     a, b = (d * k + rem for d in SHORTCUT_DEPTHS)
     if task.depth <= b:

@@ -130,7 +130,8 @@ def build_report(run: Run, tracker: MemoryTracker, *, method: str, batch: int, m
         top_modules=fold_modules(tracker.module_activation_bytes, run.task.block_names(run.model)),
         notes=precision_notes(cfg.precision, n_params, pm["params"], master_bytes),
         device_max_allocated_bytes=device_stats[0], device_max_reserved_bytes=device_stats[1],
-        wall_s=wall_s, details=details or {}, strategy=str(cfg.strategy), world_size=run.strategy.world_size)
+        wall_s=wall_s, details=details or {}, strategy=str(cfg.strategy), world_size=run.strategy.world_size,
+        **tracker.host_split())  # --offload: what stays on the device and what sits in host memory
 
 
 def masters_of(run: Run) -> list[torch.Tensor]:
