@@ -191,7 +191,8 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
         model = apply_lora(model, lora)  # freezes every base weight; the adapters are what trains
         blocks = lora_block_names(model, blocks)
     bn = warn_if_batchnorm(model, cfg.accumulation)
-    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks)  # before sharding
+    # before sharding; budget:F under compile sets the compiler's activation_memory_budget instead
+    checkpointed = apply_checkpointing(model, cfg.checkpointing, blocks, compiled=cfg.compile)
     precision = offload.wrap_precision(make_precision(cfg.precision))  # the step on the host for optimizer offload
     precision.prepare(model)
     # torchtitan's order: checkpointing -> compile each block -> fully_shard; the compiled forward is an

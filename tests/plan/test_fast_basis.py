@@ -85,3 +85,21 @@ def test_a_second_plan_reads_the_cache_and_a_changed_job_does_not():
     assert first[("fp16-mixed", "none")].temp_fixed_bytes == fast_basis(base, "bf16-mixed", "none").temp_fixed_bytes + 4
     longer = prefetch(make_config({"seq_len": 48}, base=base), pairs[:1])
     assert "cached" not in longer[pairs[0]].source
+
+
+def test_analytic_selective_and_budget_activations_follow_the_tracker():
+    """plan --checkpointings selective,budget:F on an analytic shape: the activation bytes of plan.recompute's
+    rules against the tracker's measurement of the same run (micro-batch 4): within 5%, ordered as measured."""
+    from trainfit.probes.memory import measure_memory
+
+    mc = "n_layer=4,d_model=32,n_head=2"
+    shape = shape_of("gpt-tiny", mc, seq_len=32)
+    got = {}
+    for ck in ("none", "selective", "budget:0.5", "full"):
+        cfg = make_config({"model": "gpt-tiny", "model_config": mc, "seq_len": 32, "checkpointing": ck,
+                           "micro_batch": 4, "accumulation": 1})
+        measured = measure_memory(cfg).activations_bytes
+        planned = 4 * analytic_basis(shape, precision="fp32", checkpointing=ck, seq_len=32).act_per_sample_bytes
+        assert planned == pytest.approx(measured, rel=0.05), ck
+        got[ck] = planned
+    assert got["none"] > got["selective"] > got["budget:0.5"] > got["full"]

@@ -43,7 +43,16 @@ from trainfit.results import PlanReport, PlanRow
 from trainfit.tasks import make_task
 from trainfit.tasks.files import DataSpec, TextData, check_model_fits, load_text_data
 from trainfit.units import fmt_bytes, parse_bytes
-from trainfit.vocabulary import Optimizer, choices, parse_lora, strategy_facts
+from trainfit.vocabulary import (
+    EveryKthBlock,
+    MemoryBudget,
+    Optimizer,
+    SelectiveOps,
+    choices,
+    parse_checkpoint_policy,
+    parse_lora,
+    strategy_facts,
+)
 
 
 FILE_DATA_FLAGS = {
@@ -86,8 +95,8 @@ def register(sub) -> None:
                    help="cpu only: fit the compute rate to a few measured steps of this model (seconds); with "
                         "--devices > 1 also the distributed overhead, measured on 2 gloo processes (~1 min)")
     p.add_argument("--precisions", help=f"comma-separated subset of {', '.join(PRECISION_CHOICES)} (default: all)")
-    p.add_argument("--checkpointings", help=f"comma-separated subset of {', '.join(CHECKPOINT_CHOICES)} or every:K "
-                                            "(default: all)")
+    p.add_argument("--checkpointings", help=f"comma-separated subset of {', '.join(CHECKPOINT_CHOICES)}, or every:K, "
+                                            "selective, budget:F (default: the first three)")
     p.add_argument("--strategies", help=f"comma-separated subset of {', '.join(STRATEGY_CHOICES)} (default: all)")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -184,6 +193,15 @@ def data_model_config(model: str, model_config: str, text: TextData | None) -> s
     return ",".join(x for x in (model_config.strip(), f"vocab_size={text.vocab_size}") if x)
 
 
+def _extra_policy(spec: str) -> bool:
+    """every:K, selective and budget:F: the policies plan can cost beyond its defaults (a malformed one is not)."""
+    try:
+        policy = parse_checkpoint_policy(spec)
+    except ConfigError:
+        return False
+    return isinstance(policy, (EveryKthBlock, SelectiveOps, MemoryBudget))
+
+
 def check_flags(args) -> dict:
     """Every flag parsed and range-checked, and every output path checked, before any work."""
     found = read_from(args.from_file) if getattr(args, "from_file", None) else None
@@ -204,7 +222,7 @@ def check_flags(args) -> dict:
         text = getattr(args, flag)
         if text is not None:
             chosen = tuple(x.strip() for x in text.split(",") if x.strip())
-            bad = [x for x in chosen if x not in allowed and not (flag == "checkpointings" and x.startswith("every:"))]
+            bad = [x for x in chosen if x not in allowed and not (flag == "checkpointings" and _extra_policy(x))]
             if bad or not chosen:
                 raise ConfigError(flag, text, allowed)
             subsets[flag] = chosen
@@ -428,7 +446,8 @@ def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:
 def format_table(entries) -> str:
     mw = max([5, *(len(str(e.micro_batch)) + 1 for e in entries)])  # a 10**18 batch keeps its columns apart
     aw = max([6, *(len(str(e.accumulation)) + 1 for e in entries)])
-    head = f"{'#':>3} {'precision':<11}{'mb':>{mw}}{'acc':>{aw}} {'ckpt':<8}{'strategy':<9}{'sync':<16}" \
+    cw = max([8, *(len(e.checkpointing) + 1 for e in entries)])
+    head = f"{'#':>3} {'precision':<11}{'mb':>{mw}}{'acc':>{aw}} {'ckpt':<{cw}}{'strategy':<9}{'sync':<16}" \
            f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
     lines = [head]
     for i, e in enumerate(entries, 1):
@@ -437,6 +456,6 @@ def format_table(entries) -> str:
         why = "yes" if e.fits else "no"
         if e.reasons:
             why += ": " + "; ".join(e.reasons)
-        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {e.checkpointing:<8}"
+        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {e.checkpointing:<{cw}}"
                      f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from trainfit.plan import recompute as recompute_rules
 from trainfit.plan.cost import Basis
 from trainfit.plan.shapes import TransformerShape
 from trainfit.plan.trainable import Trainable, full_training, saved_input_elems
@@ -21,6 +22,7 @@ from trainfit.vocabulary import (
     EveryKthBlock,
     NoCheckpointing,
     Optimizer,
+    SelectiveOps,
     parse_checkpoint_policy,
     precision_facts,
 )
@@ -59,7 +61,9 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
     n, nt, s, d, V, L = t.n_params, t.n_trainable, seq_len, shape.d_model, shape.vocab_size, shape.n_layer
     resid, mm = shape.saved_elems_per_token()
     inputs = saved_input_elems(shape)
-    ckpt = checkpointed_indices(checkpointing, L)
+    policy = parse_checkpoint_policy(checkpointing)
+    ckpt = recompute_rules.checkpointed_indices(checkpointing, shape, residual_bytes=rb, compute_bytes=cb)
+    sel = recompute_rules.selective_cost(shape, s) if isinstance(policy, SelectiveOps) else None
     kept = recomputed = 0  # bytes per token: saved by the blocks; the largest block recomputed in backward
     block_flops = shape.block_forward_flops_per_token(s)
     fwd = bwd = recompute = 0.0  # FLOPs per token
@@ -70,7 +74,12 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
             continue  # nothing below needs a gradient: no saved tensors, no backward
         tok = resid * rb + (mm - sum(inputs[x] for x in t.frozen_inputs[i]) + t.adapter_elems[i]) * cb
         tok += t.adapter_mask_bytes[i]
-        if i in ckpt:
+        if sel is not None:  # op level: matmul and attention outputs kept, the rest rebuilt in backward
+            tok_kept = d * rb + sel.kept_elems_per_token * cb + sel.kept_fp32_elems_per_token * 4
+            kept += tok_kept
+            recomputed = max(recomputed, tok - tok_kept)
+            recompute += sel.recompute_flops_per_token
+        elif i in ckpt:
             kept += d * rb  # a checkpointed block keeps only its input
             recomputed = max(recomputed, tok)
             recompute += f_i
