@@ -27,7 +27,6 @@ def peaks(basis):
 
 
 @pytest.mark.parametrize("model, model_config, precision, ckpt", [
-    ("hf:GPT2LMHeadModel", GPT2, "fp32", "none"),
     ("hf:GPT2LMHeadModel", GPT2, "bf16-mixed", "full"),
     ("gpt-tiny", "n_layer=10,d_model=64,n_head=2", "bf16-true", "every:2"),  # every:2's own shortcut (6, 8 blocks)
 ])

@@ -17,7 +17,8 @@ from trainfit.errors import ConfigError, TrainfitError
 from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan
 from trainfit.integrations.read_config import plan_job, rank_note, read_from
 from trainfit.meters.devices import DEVICES, device_row, dtypes_of, find_device, measure_loopback
-from trainfit.plan.basis import analytic_basis
+from trainfit.plan.basis import OPTIMIZER_BYTES, analytic_basis
+from trainfit.plan.offload import offload_price
 from trainfit.plan.rules import Context
 from trainfit.plan.search import (
     CHECKPOINT_CHOICES,
@@ -46,11 +47,13 @@ from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import (
     EveryKthBlock,
     MemoryBudget,
+    OffloadPart,
     Optimizer,
     SelectiveOps,
     choices,
     parse_checkpoint_policy,
     parse_lora,
+    precision_facts,
     strategy_facts,
 )
 
@@ -322,6 +325,8 @@ def make_plan(args, flags: dict | None = None):
         result = search(space, ctx=ctx, basis=basis, links=links)
     result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
+    if result.entries:
+        result.notes.extend(_offload_notes(result, basis, row, space, base))
     if dist_rows:
         fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
                            for s, sync, ps, pm in dist_rows)
@@ -404,6 +409,35 @@ def run(args) -> int:
     return 0
 
 
+def _offload_notes(result, basis, row, space, base) -> list[str]:
+    """What offload would free and cost for the best plan (or, when nothing fits, the smallest): priced by the
+    host link of the device row (``plan.offload``); offload is not (yet) a dimension of the search."""
+    e = result.best or min(result.entries, key=lambda x: x.peak_bytes_per_device)
+    if e.strategy == "zero1":
+        return []
+    b = basis(e.precision, e.checkpointing)
+    w, _, master, _ = precision_facts(e.precision).bytes_per_param
+    parts = ({OffloadPart.OPTIMIZER, OffloadPart.PARAMS} if e.strategy == "zero3" else {OffloadPart.OPTIMIZER})
+    notes = []
+    for chosen in (parts, {OffloadPart.ACTIVATIONS}):
+        price = offload_price(parts=chosen, strategy=e.strategy, n_params=b.n_trainable or b.n_params,
+                              world_size=space.devices, accumulation=e.accumulation, weight_bytes=w,
+                              state_bytes_per_param=OPTIMIZER_BYTES[Optimizer(base.optimizer)],
+                              master_bytes_per_param=master,
+                              activation_bytes_per_micro_batch=int(e.parts.get("activations", 0)),
+                              grad_sync=e.grad_sync, host_bytes_per_s=row.host_bytes_per_s)
+        if not price.traffic:
+            continue
+        line = f"other lever for plan {'1' if result.best else '(smallest)'}: {price.reason}"
+        if price.seconds_per_step is not None and e.step_s:
+            line += f" (+{price.seconds_per_step / e.step_s:.0%} of its {e.step_s:.3g} s step if not overlapped)"
+        if result.best is None:
+            fits = e.peak_bytes_per_device - price.frees_device_bytes <= space.budget_bytes
+            line += "; it would fit" if fits else "; still too big"
+        notes.append(line + f" (--offload {','.join(sorted(str(p) for p in chosen))})")
+    return notes
+
+
 def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed) -> list[str]:
     """One line per source of the plan's numbers: the basis, the kernels it assumes, the device, the step times."""
     first = basis(*needed[0]) if needed else None
@@ -420,7 +454,8 @@ def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed) -> li
     elif used != "fast":
         lines.append("kernels: this machine's CPU kernels (the estimate and measure bases trace or run here)")
     peak = find_device(row.peak_row) if row.peak_row else None
-    lines.append(f"device {row.name}: {row.source}" + (f"; peaks: {peak.source}" if peak else ""))
+    lines.append(f"device {row.name} (meters.devices, every source there): " + row.source.split(";")[0]
+                 + (f"; peak FLOP/s: {peak.source.split(';')[0]}" if peak else ""))
     lines.append("step times: " + ("fitted to steps measured on this machine (--calibrate)" if calibrate else
                                    f"FLOPs / ({row.achievable_frac:.0%} of the dense peak) plus the ring model of "
                                    "the links (plan.cost, plan.comm)"))
