@@ -1,6 +1,6 @@
 """Plan quality on this CPU: does the planner's top choice run near the best measured configuration?
 
-    .venv/bin/python benchmarks/plan_quality.py
+    .venv/bin/python benchmarks/plan_quality.py [--basis fast]
 
 A search space small enough to measure exhaustively (gpt-tiny, global batch 8, one process,
 fp32/bf16-mixed x no/full checkpointing x micro-batch 1/2/4/8, a memory budget that excludes
@@ -53,12 +53,15 @@ def runs_under_cap(cfg, cap: int) -> bool:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--basis", default="estimate", choices=("estimate", "fast"),
+                    help="the basis source (fast: probes.fastbasis; results in plan_quality_fast.{json,md})")
+    args = ap.parse_args()
     torch.set_num_threads(1)
     base = make_config(MODEL)
     space = SearchSpace(global_batch=8, devices=1, memory_bytes=BUDGET, precisions=("fp32", "bf16-mixed"),
                         checkpointings=("none", "full"), strategies=("single",), micro_batches=(1, 2, 4, 8))
-    basis, _ = basis_provider(base, source="estimate")
+    basis, _ = basis_provider(base, source=args.basis)
     links = calibrated_links(base, links_provider(device_row("cpu"), nodes=1, devices=1, intra=None, inter=None),
                              basis, clock=CLOCK)
     result = search(space, ctx=Context(devices=1, dtypes=("fp32", "bf16", "fp16")), basis=basis, links=links)
@@ -86,7 +89,7 @@ def main() -> None:
         lines.append(f"| {r['rank']} | {r['precision']} | {r['checkpointing']} | {r['micro_batch']} x "
                      f"{r['accumulation']} | {r['planned_fits']} | {r['ran_under_cap']} | "
                      f"{r['predicted_step_s']:.4f} | {r['measured_step_s']:.4f} |")
-    write_results("plan_quality", {"budget_bytes": BUDGET, "top_vs_best_throughput": ratio,
+    write_results("plan_quality" if args.basis == "estimate" else "plan_quality_fast", {"basis": args.basis, "budget_bytes": BUDGET, "top_vs_best_throughput": ratio,
                                    "planned_fit_but_oom": len(false_fits), "rows": rows},
                   f"One process, budget {BUDGET:,} bytes, 10% headroom. Top choice's measured throughput = {ratio:.0%} "
                   f"of the best measured configuration that fits; configurations the planner said fit but went out "

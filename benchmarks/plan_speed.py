@@ -59,8 +59,10 @@ def plan(model: str, config: str, seq: int, extra: list[str], devices: int, batc
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--rows-from", help="JSON lines of rows this script printed in an earlier run, kept first")
     args = ap.parse_args()
-    rows = []
+    rows = [json.loads(x) for x in Path(args.rows_from).read_text().splitlines()
+            if x.startswith("{")] if args.rows_from else []
     for name in args.cases.split(","):
         model, config, seq, extra = CASES[name]
         for devices, batch in DEVICES:

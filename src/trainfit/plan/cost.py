@@ -143,7 +143,10 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     temp = a.temp_fixed_bytes + a.temp_per_sample_bytes * c.micro_batch
     if c.accumulation > 1 and a.acc_extra_per_sample_bytes is not None:
         temp = a.acc_extra_fixed_bytes + a.acc_extra_per_sample_bytes * c.micro_batch - act
-    peak = max(params + grads + opt + act + temp, params + step_grads + opt + b.step_temp_bytes)
+    # The optimizer step's temporaries follow the tensors it steps: a rank of a strategy that shards the state
+    # steps 1/n of them (foreach, the CUDA default, holds temporaries for all of them at once).
+    step_temp = b.step_temp_bytes / n if "optimizer" in sharded else b.step_temp_bytes
+    peak = max(params + grads + opt + act + temp, params + step_grads + opt + step_temp)
     return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
                   temporaries_bytes=temp, peak_bytes=peak)
 
