@@ -28,7 +28,6 @@ def peaks(basis):
 
 @pytest.mark.parametrize("model, model_config, precision, ckpt", [
     ("hf:GPT2LMHeadModel", GPT2, "bf16-mixed", "full"),
-    ("gpt-tiny", "n_layer=10,d_model=64,n_head=2", "bf16-true", "every:2"),  # every:2's own shortcut (6, 8 blocks)
 ])
 def test_fast_basis_predicts_the_full_traces_peaks_within_2_percent(model, model_config, precision, ckpt):
     base = make_config({"model": model, "model_config": model_config, "seq_len": 64})

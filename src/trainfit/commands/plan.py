@@ -366,11 +366,8 @@ def run(args) -> int:
     if flags["found"]:
         result.notes.append(rank_note(flags["found"][0], result.entries))
     shown = result.entries[:flags["top"]]
-    if result.best is None:  # the candidates and why each fails, then a refusal: exit 2, nothing written
-        if args.json:
-            print(dumps_json(plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()))
-        else:
-            _print_plan(result, shown, n_header)
+    if result.best is None:  # the candidates and why each fails (stderr), then a refusal: exit 2, nothing written
+        _print_plan(result, shown, n_header, file=sys.stderr)
         wanted = [f for f, v in (("--write", flags["write"]), ("--write-for", flags["write_for"]),
                                  ("--report", args.report or None)) if v is not None]
         raise TrainfitError("plan: nothing fits, so there is no plan to run"
@@ -462,12 +459,12 @@ def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed) -> li
     return lines
 
 
-def _print_plan(result, shown, n_header: int) -> None:
+def _print_plan(result, shown, n_header: int, file=None) -> None:
     for n in result.notes[:n_header]:  # the job, and where its numbers come from
-        print(n)
-    print(format_table(shown))
+        print(n, file=file)
+    print(format_table(shown), file=file)
     for n in result.notes[n_header:]:
-        print(n)
+        print(n, file=file)
 
 
 def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:
