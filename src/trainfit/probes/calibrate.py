@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from trainfit.config import RunConfig, make_config
@@ -25,7 +24,7 @@ from trainfit.plan.basis import analytic_basis, basis_from_reports
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
 from trainfit.plan.shapes import shape_of
 from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory
-from trainfit.probes.fastbasis import fast_basis
+from trainfit.probes.fastbasis import fast_basis, model_units
 from trainfit.probes.memory import example_batch, measure_memory
 from trainfit.probes.profile import task_flop_counter
 from trainfit.run import build_run, task_of
@@ -56,16 +55,9 @@ def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, sou
     task = task_of(cfg)
     counter = task_flop_counter(task, cfg.checkpointing)
     model_flops, hw_flops = counter.micro_batch(example_batch(task, 1))
-    with torch.device("meta"):
-        meta = task.build_model()
-        blocks = task.block_names(meta)
-        n_tensors = sum(1 for p in meta.parameters() if p.requires_grad)
-        # FSDP units (strategies/zero.py): each block, then the root holding the rest
-        per_block = [sum(p.numel() for p in meta.get_submodule(name).parameters()) for name in blocks]
-        total = sum(p.numel() for p in meta.parameters())
-        max_unit = max([*per_block, total - sum(per_block)])
+    n_blocks, n_tensors, max_unit = model_units(cfg)
     return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
-                              n_blocks=max(len(blocks), 1), acc_reports=(q1, q2), n_param_tensors=n_tensors,
+                              n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
                               max_unit_params=max_unit)
 
 

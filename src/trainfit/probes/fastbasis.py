@@ -120,9 +120,9 @@ def write_cached(key: str, basis: Basis) -> Path | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _units(cfg: RunConfig) -> tuple[int, int, float]:
-    """(blocks, trainable parameter tensors, parameters of the largest FSDP unit: a block or the root),
-    from the full model built on the meta device (nothing allocated)."""
+def model_units(cfg: RunConfig) -> tuple[int, int, float]:
+    """(blocks, trainable parameter tensors, parameters of the largest FSDP unit: a block or the root,
+    as ``strategies/zero.py`` wraps them), from the full model built on the meta device (nothing allocated)."""
     task = task_of(cfg)
     with torch.device("meta"):
         meta = task.build_model()
@@ -182,7 +182,7 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
     (r1, r2, q1, q2), how, hw_flops, kernel_lines = window_reports(cfg, target=target)
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
     model_flops = hw_flops if checkpointing == "none" else _model_flops(base_cfg, precision, target, use_cache)
-    n_blocks, n_tensors, max_unit = _units(dataclasses.replace(cfg, precision=base_cfg.precision,
+    n_blocks, n_tensors, max_unit = model_units(dataclasses.replace(cfg, precision=base_cfg.precision,
                                                                checkpointing=base_cfg.checkpointing))
     basis = basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
                                n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
