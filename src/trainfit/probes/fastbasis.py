@@ -150,6 +150,10 @@ def _as_traced(basis: Basis, precision: str) -> Basis:
                f"scaler's {SCALER_BYTES}-byte scale)")
 
 
+def _as_cached(basis: Basis) -> Basis:
+    return dataclasses.replace(basis, source=basis.source.replace("traced in", "cached; first traced in"))
+
+
 def _pair_cfg(base_cfg: RunConfig, precision: str, checkpointing: str) -> RunConfig:
     return make_config({"precision": precision, "checkpointing": checkpointing, "micro_batch": 1, "accumulation": 1,
                         "strategy": StrategyName.SINGLE, "devices": 1, "global_batch": 0}, base=base_cfg)
@@ -177,7 +181,7 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
     if use_cache:
         cached = read_cached(key)
         if cached is not None:
-            return dataclasses.replace(cached, source=cached.source.replace("traced in", "cached; first traced in"))
+            return _as_cached(cached)
     t0 = time.perf_counter()
     (r1, r2, q1, q2), how, hw_flops, kernel_lines = window_reports(cfg, target=target)
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
@@ -217,7 +221,7 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
     for p, ck in pairs:
         cached = read_cached(cache_key(_pair_cfg(base_cfg, p, ck), target=target))
         if cached is not None:
-            out[(p, ck)] = fast_basis(base_cfg, p, ck, target=target)
+            out[(p, ck)] = _as_cached(cached)
         else:
             missing.append((p, ck))
     if not missing:
