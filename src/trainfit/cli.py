@@ -181,10 +181,12 @@ Bad input gives one line naming the field, the value and what is allowed, and ex
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of ``only`` (one of COMMANDS): each command module imports what
+    its command runs, so registering one spares the others' imports (seconds on a small machine)."""
     parser = Parser(prog="trainfit", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for name in COMMANDS:
+    for name in COMMANDS if only not in COMMANDS else (only,):
         importlib.import_module(f"trainfit.commands.{name}").register(sub)
     return parser
 
@@ -194,7 +196,10 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `trainfit plan ...` registers plan alone; anything else (no command, --help, a typo) registers them all,
+    # so help lists every command and a wrong name is answered with the full choice.
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     warnings.simplefilter("default")
     # transformers logs its own config warnings on stderr, several lines each; keep its errors (override: set it)

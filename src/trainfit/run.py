@@ -33,7 +33,7 @@ from trainfit.levers.precision import Precision, make_precision
 from trainfit.levers.schedule import advance, make_scheduler, restore_scheduler
 from trainfit.meters.timers import NULL_TIMER, Timer
 from trainfit.strategies import Strategy, make_strategy
-from trainfit.tasks import DataSpec, Task, make_task
+from trainfit.tasks import Task, task_of  # noqa: F401 -- task_of: re-exported (probes import it from here)
 from trainfit.vocabulary import Optimizer, parse_lora
 
 
@@ -164,12 +164,6 @@ class Run:
 
 STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
 """What a one-file checkpoint must hold (:meth:`Run.state` writes them); ``config`` is read when present."""
-
-
-def task_of(cfg: RunConfig) -> Task:
-    """The configured task (model + data + loss): every probe that builds one builds this one."""
-    return make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
-                     dataset_size=cfg.dataset_size, data=DataSpec.from_config(cfg))
 
 
 def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:

@@ -106,3 +106,22 @@ def test_analytic_selective_and_budget_activations_follow_the_tracker():
         assert planned == pytest.approx(measured, rel=0.05), ck
         got[ck] = planned
     assert got["none"] > got["selective"] > got["budget:0.5"] > got["full"]
+
+
+@pytest.mark.hf
+def test_an_encoder_decoder_takes_the_block_shortcut_and_equals_its_full_depth_trace():
+    """T5 (two stacks of T5Block, set together by num_layers and num_decoder_layers): traced at 3 and 4 blocks per
+    stack and extrapolated, against the estimator tracing all 5 + 5 blocks (no shortcut), window by window."""
+    from trainfit.probes.estimate import estimate_memory
+
+    t5 = "d_model=32,d_ff=64,num_layers=5,num_heads=2,d_kv=16,vocab_size=300"
+    base = make_config({"model": "hf:T5ForConditionalGeneration", "model_config": t5, "seq_len": 16})
+    fast = fast_basis(base, "bf16-mixed", "none", use_cache=False)
+    assert "traced 3 and 4 of 5 blocks" in fast.source
+    for mb, acc in ((4, 2),):  # a later micro-batch of a window: every gradient live (suite time: one window)
+        cfg = make_config({"precision": "bf16-mixed", "checkpointing": "none", "micro_batch": mb,
+                           "accumulation": acc}, base=base)
+        full = estimate_memory(cfg, shortcut=False)
+        planned = memory(fast, Candidate(precision="bf16-mixed", micro_batch=mb, accumulation=acc,
+                                         checkpointing="none", strategy="single", grad_sync="deferred", n=1))
+        assert planned.peak_bytes == pytest.approx(full.peak_bytes, rel=0.02), (mb, acc)

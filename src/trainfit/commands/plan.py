@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -29,16 +30,19 @@ from trainfit.plan.search import (
     search,
 )
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
-from trainfit.plan.shapes import PlannedModel, parse_model_config, plan_model, run_spec
+from trainfit.plan.shapes import PlannedModel, TransformerShape, parse_model_config, plan_model, run_spec
 from trainfit.plan.trainable import trainable
 from trainfit.presets import GPT_PRESETS, MODEL_HELP
-from trainfit.probes.fastbasis import cache_dir, prefetch
-from trainfit.probes.calibrate import (
+from trainfit.probes.fastbasis import (
     BASIS_SOURCES,
+    TRACED_AS,
     basis_provider,
-    calibrated_links,
+    cache_dir,
+    cache_key,
     links_provider,
-    with_dist_overhead,
+    prefetch,
+    read_record,
+    write_record,
 )
 from trainfit.results import PlanReport, PlanRow
 from trainfit.tasks import make_task
@@ -186,6 +190,27 @@ def check_model(model: str, model_config: str, seq: int, *, data: DataSpec | Non
     return planned
 
 
+def checked_model(job_cfg, *, data: DataSpec | None = None) -> tuple[PlannedModel, bool]:
+    """:func:`check_model` of the job in ``job_cfg``, remembered in the basis cache under the same key rules
+    (the model, its config, the sequence, the data and every file they name, the versions of torch,
+    transformers and trainfit's source): a job accepted once is not built again, which spares importing
+    ``transformers`` (seconds) when every basis is cached too. A refusal is never remembered.
+    Returns (the planned model, whether it came from the cache)."""
+    key = cache_key(job_cfg, target="checked-model")
+    record = read_record("checked", key)
+    if record is not None:
+        try:
+            shape = record["shape"]
+            return PlannedModel(model=record["model"], model_config=record["model_config"],
+                                shape=None if shape is None else TransformerShape(**shape),
+                                notes=tuple(record["notes"]), check_task=record["check_task"]), True
+        except (KeyError, TypeError):  # another layout: check again
+            pass
+    planned = check_model(job_cfg.model, job_cfg.model_config, job_cfg.seq_len, data=data)
+    write_record("checked", key, dataclasses.asdict(planned))
+    return planned, False
+
+
 def data_model_config(model: str, model_config: str, text: TextData | None) -> str:
     """``model_config`` with the vocabulary ``trainfit train`` takes from the data's tokenizer: a GPT built-in
     whose ``vocab_size`` the user left open gets the tokenizer's (``tasks.builtin.gpt_task``)."""
@@ -261,7 +286,9 @@ def make_plan(args, flags: dict | None = None):
            **{k: getattr(args, k) for k in FILE_DATA_FLAGS if getattr(args, k, None) is not None}}
     spec = DataSpec.from_config(make_config({"seq_len": seq, **job}))  # None: the task's generated data
     text = load_text_data(spec) if spec is not None else None  # read (and refused) as train reads it
-    planned = check_model(args.model, data_model_config(args.model, args.model_config, text), seq, data=spec)
+    job_cfg = make_config({"model": args.model, "model_config": data_model_config(args.model, args.model_config, text),
+                           "seq_len": seq, **job})
+    planned, _ = checked_model(job_cfg, data=spec)
     if text is not None and planned.shape is not None:  # train's own refusals (check_task may skip the task)
         check_model_fits(text, vocab_size=planned.shape.vocab_size, max_positions=None, seq_len=seq,
                          model=planned.model)
@@ -286,9 +313,11 @@ def make_plan(args, flags: dict | None = None):
         bases = prefetch(base, pairs, target=row.name, progress=lambda msg: print("plan: " + msg, file=sys.stderr,
                                                                                   flush=True))
         basis = lambda p, ck: bases[(p, ck)]  # noqa: E731 -- the search asks for these pairs only
-        traced = sum("cached" not in b.source for b in bases.values())
-        header.append(f"basis: fast fake-tensor traces of {base.model} ({traced} of {len(bases)} pairs traced, the "
-                      f"rest read from the cache {cache_dir()}; {time.perf_counter() - t0:.1f} s)")
+        own = {(p, ck): b for (p, ck), b in bases.items() if p not in TRACED_AS}  # fp16 pairs reuse the bf16 trace
+        traced = sum("cached" not in b.source for b in own.values())
+        header.append(f"basis: fast fake-tensor traces of {base.model} ({traced} of {len(own)} traces made now, the "
+                      f"rest read from the cache {cache_dir()}; {len(bases) - len(own)} fp16 pairs from their bf16 "
+                      f"trace; {time.perf_counter() - t0:.1f} s)")
     if used == "analytic" and (tuned is not None or rows != seq):
         shape = planned.shape
         basis = (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=rows,
@@ -307,6 +336,9 @@ def make_plan(args, flags: dict | None = None):
     dist_rows = ()
     with contextlib.ExitStack() as scope:
         if args.calibrate:
+            # lazy: calibration builds and steps runs here; a plan without --calibrate never imports the run
+            from trainfit.probes.calibrate import calibrated_links, with_dist_overhead
+
             if row.peak_row is not None:
                 raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
             if devices > 1:

@@ -11,14 +11,12 @@ tensors are saved, so each of those pairs gets its own basis.
 
 from __future__ import annotations
 
-import math
 
 from trainfit.plan import recompute as recompute_rules
 from trainfit.plan.cost import Basis
 from trainfit.plan.shapes import TransformerShape
 from trainfit.plan.trainable import Trainable, full_training, saved_input_elems
 from trainfit.vocabulary import (
-    EveryBlock,
     EveryKthBlock,
     NoCheckpointing,
     Optimizer,
@@ -26,6 +24,10 @@ from trainfit.vocabulary import (
     parse_checkpoint_policy,
     precision_facts,
 )
+
+BASIS_BATCHES = (2, 4)
+"""Micro-batches a traced basis is fitted from: large enough that activations dominate the forward/backward
+peak (at 1 the peak can sit at a different moment, late in backward, which a line through it misses)."""
 
 OPTIMIZER_BYTES = {Optimizer.ADAMW: 8, Optimizer.ADAM: 8, Optimizer.SGD: 4}
 """Optimizer state bytes per parameter: Adam's two fp32 moments; SGD's momentum."""

@@ -18,25 +18,16 @@ from pathlib import Path
 import torch.distributed as dist
 
 from trainfit.config import RunConfig, make_config
-from trainfit.errors import ConfigError
-from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
-from trainfit.plan.basis import analytic_basis, basis_from_reports
+from trainfit.plan.basis import basis_from_reports
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
-from trainfit.plan.shapes import shape_of
 from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory
-from trainfit.probes.fastbasis import fast_basis, model_units
+from trainfit.probes.fastbasis import BASIS_SOURCES, basis_provider, links_provider, model_units  # noqa: F401 -- re-exported
 from trainfit.probes.memory import example_batch, measure_memory
 from trainfit.probes.profile import task_flop_counter
 from trainfit.run import build_run, task_of
 from trainfit.strategies.launch import spawn_errors, spawn_local
 from trainfit.tasks.base import to_device
-from trainfit.vocabulary import STRATEGIES, PrecisionName, StrategyName, precision_facts
-
-BASIS_SOURCES = ("auto", "analytic", "fast", "estimate", "measure")
-"""Where a basis comes from: auto (analytic where the model has a shape, else fast), analytic (the shape's
-formulas, ``plan.basis``), fast (two traces per pair, cached: ``probes.fastbasis``), estimate (four full
-memory estimates per pair), measure (four measured steps per pair, on this machine)."""
-
+from trainfit.vocabulary import STRATEGIES, PrecisionName, StrategyName
 
 def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, source: str) -> Basis:
     """Basis from two memory reports (micro-batches BASIS_BATCHES) plus FLOPs counted on the meta device."""
@@ -59,53 +50,6 @@ def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, sou
     return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
                               n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
                               max_unit_params=max_unit)
-
-
-def basis_provider(base_cfg: RunConfig, *, source: str = "auto",
-                   target: str = "cpu") -> tuple[Callable[[str, str], Basis], str]:
-    """``basis(precision, checkpointing)`` for the run in ``base_cfg`` and the source used; ``target``: the
-    device whose kernels a traced basis follows (a ``meters.devices.DEVICES`` name)."""
-    if source not in BASIS_SOURCES:
-        raise ConfigError("basis", source, BASIS_SOURCES)
-    shape = shape_of(base_cfg.model, base_cfg.model_config, seq_len=base_cfg.seq_len)
-    if source == "analytic" or (source == "auto" and shape is not None):
-        if shape is None:
-            raise ConfigError("basis", "analytic", "estimate or measure for this model",
-                              f"{base_cfg.model} has no analytic shape (built-in GPTs, llama-*, hf:LlamaForCausalLM)")
-        return (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=base_cfg.seq_len,
-                                             optimizer=base_cfg.optimizer)), "analytic"
-    chosen = "fast" if source == "auto" else source
-    if chosen == "fast":
-        return (lambda p, ck: fast_basis(base_cfg, p, ck, target=target)), chosen
-    return (lambda p, ck: report_basis(base_cfg, p, ck, source=chosen)), chosen
-
-
-def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | None, inter: float | None,
-                   latency_s: float = 0.0, overhead_s: float = 0.0) -> Callable[[str], Links]:
-    """``links(precision)``: achievable FLOP/s for its dtype and the ring's slowest hop."""
-    intra = intra or row.intra_bytes_per_s
-    inter = inter or row.inter_bytes_per_s
-    bw = inter if nodes > 1 else intra
-    if devices > 1 and not bw:
-        flag = "--bandwidth-inter" if nodes > 1 else "--bandwidth-intra"
-        raise ConfigError(flag.lstrip("-"), None, "a bandwidth such as 10GB/s",
-                          f"device {row.name} has no link bandwidth in the table; pass {flag}")
-    cache: dict[str, float] = {}
-
-    def rate(dtype: str) -> float:
-        if dtype not in cache:
-            if row.peak_row is None:
-                cache[dtype] = calibrate_cpu(dtype).flops_per_s * row.achievable_frac
-            else:
-                peak = find_device(row.peak_row).peak_tflops[dtype] * 1e12
-                cache[dtype] = peak * row.achievable_frac
-        return cache[dtype]
-
-    def links(p: str, ck: str = "none") -> Links:
-        return Links(flops_per_s=rate(precision_facts(p).compute), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
-                     overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
-
-    return links
 
 
 def measure_step_s(cfg: RunConfig, *, reps: int = 5, clock: Callable[[], float] | None = None,

@@ -44,6 +44,7 @@ from trainfit.probes.memory import (
     warm_up,
     with_batch,
 )
+from trainfit.plan.basis import BASIS_BATCHES
 from trainfit.results import MemoryReport, fold_modules, precision_notes
 from trainfit.run import build_run, task_of
 from trainfit.vocabulary import PARTS, STRATEGIES, EveryKthBlock, MemoryBudget, StrategyName, strategy_facts
@@ -208,8 +209,10 @@ def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
 
 
 def _with_depth(cfg: RunConfig, key: str, depth: int) -> RunConfig:
-    sep = "," if cfg.model_config.strip() else ""  # later keys win; a JSON path may come first (hf:)
-    return dataclasses.replace(cfg, model_config=f"{cfg.model_config}{sep}{key}={depth}")
+    """``cfg`` at ``depth`` blocks: ``key`` (``Task.depth_key``; comma-separated keys all take the depth,
+    e.g. an encoder-decoder's two stacks) appended to the model config, where later keys win."""
+    sep = "," if cfg.model_config.strip() else ""  # a JSON path may come first (hf:)
+    return dataclasses.replace(cfg, model_config=cfg.model_config + sep + ",".join(f"{k}={depth}" for k in key.split(",")))
 
 
 def shortcut_applies(cfg: RunConfig, task) -> str:
@@ -368,9 +371,6 @@ def shard_parts(report: MemoryReport, strategy: str, world_size: int) -> MemoryR
 
 
 # -- windows for the planner's basis ------------------------------------------------------------------------------
-BASIS_BATCHES = (2, 4)
-"""Micro-batches a basis is traced at: large enough that activations dominate the forward/backward peak
-(at 1 the peak can sit at a different moment, late in backward, which a line through it misses)."""
 
 
 @dataclass(frozen=True, kw_only=True)

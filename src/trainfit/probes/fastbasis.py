@@ -26,6 +26,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import hashlib
+import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -37,11 +38,13 @@ from pathlib import Path
 import torch
 
 from trainfit.config import RunConfig, make_config
-from trainfit.plan.basis import basis_from_reports
-from trainfit.plan.cost import Basis
-from trainfit.probes.estimate import BASIS_BATCHES, window_reports
-from trainfit.run import task_of
-from trainfit.vocabulary import PRECISIONS, PrecisionName, StrategyName
+from trainfit.errors import ConfigError
+from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
+from trainfit.plan.basis import BASIS_BATCHES, analytic_basis, basis_from_reports
+from trainfit.plan.cost import Basis, Links
+from trainfit.plan.shapes import shape_of
+from trainfit.tasks import task_of
+from trainfit.vocabulary import PRECISIONS, PrecisionName, StrategyName, precision_facts
 
 BASIS_VERSION = 1
 """Bumped when the way a basis is traced or fitted changes (old cache entries are then not read)."""
@@ -84,12 +87,16 @@ def _file_stamps(cfg: RunConfig) -> list:
     return out
 
 
-def cache_key(cfg: RunConfig, *, target: str) -> str:
+def _version(dist: str) -> str | None:
+    """The installed distribution's version, read from its metadata (importing transformers costs seconds)."""
     try:
-        import transformers  # noqa: PLC0415 -- third-party: its version is part of the key when it is installed
-        hf = transformers.__version__
-    except ImportError:
-        hf = None
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cache_key(cfg: RunConfig, *, target: str) -> str:
+    hf = _version("transformers")
     d = cfg.to_dict()
     values = {"fields": {k: d[k] for k in KEY_FIELDS}, "target": target, "files": _file_stamps(cfg),
               "torch": torch.__version__, "transformers": hf, "trainfit": _source_digest(),
@@ -97,26 +104,39 @@ def cache_key(cfg: RunConfig, *, target: str) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def read_cached(key: str) -> Basis | None:
-    path = cache_dir() / "basis" / f"{key}.json"
+def read_record(kind: str, key: str) -> dict | None:
+    """The JSON object cached under ``kind``/``key``, or None (absent, unreadable, not an object)."""
     try:
-        return Basis(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):  # absent, unreadable or from another layout: trace again
+        value = json.loads((cache_dir() / kind / f"{key}.json").read_text())
+    except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
-def write_cached(key: str, basis: Basis) -> Path | None:
+def write_record(kind: str, key: str, value: dict) -> Path | None:
     """Written atomically (a killed plan leaves no half file); None when the cache directory is not writable."""
-    folder = cache_dir() / "basis"
+    folder = cache_dir() / kind
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(dataclasses.asdict(basis), f)
+            json.dump(value, f)
         os.replace(tmp, folder / f"{key}.json")
         return folder / f"{key}.json"
     except OSError:
         return None
+
+
+def read_cached(key: str) -> Basis | None:
+    record = read_record("basis", key)
+    try:
+        return None if record is None else Basis(**record)
+    except TypeError:  # from another layout: trace again
+        return None
+
+
+def write_cached(key: str, basis: Basis) -> Path | None:
+    return write_record("basis", key, dataclasses.asdict(basis))
 
 
 @functools.lru_cache(maxsize=8)
@@ -182,6 +202,10 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
         cached = read_cached(key)
         if cached is not None:
             return _as_cached(cached)
+    # lazy: the estimator builds runs (torch.distributed.tensor, a model's library); a plan whose bases are all
+    # cached needs none of it (seconds of imports on a small machine)
+    from trainfit.probes.estimate import window_reports
+
     t0 = time.perf_counter()
     (r1, r2, q1, q2), how, hw_flops, kernel_lines = window_reports(cfg, target=target)
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
@@ -248,3 +272,61 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
 def _with_aliases(traced: dict, wanted: list) -> dict:
     return {(p, ck): traced[(p, ck)] if p not in TRACED_AS else _as_traced(traced[(TRACED_AS[p], ck)], p)
             for p, ck in wanted}
+
+
+# -- where the planner's numbers come from (``probes.calibrate`` adds the measured ones) ---------------------
+BASIS_SOURCES = ("auto", "analytic", "fast", "estimate", "measure")
+"""Where a basis comes from: auto (analytic where the model has a shape, else fast), analytic (the shape's
+formulas, ``plan.basis``), fast (two traces per pair, cached: ``probes.fastbasis``), estimate (four full
+memory estimates per pair), measure (four measured steps per pair, on this machine)."""
+
+
+def basis_provider(base_cfg: RunConfig, *, source: str = "auto",
+                   target: str = "cpu") -> tuple[Callable[[str, str], Basis], str]:
+    """``basis(precision, checkpointing)`` for the run in ``base_cfg`` and the source used; ``target``: the
+    device whose kernels a traced basis follows (a ``meters.devices.DEVICES`` name)."""
+    if source not in BASIS_SOURCES:
+        raise ConfigError("basis", source, BASIS_SOURCES)
+    shape = shape_of(base_cfg.model, base_cfg.model_config, seq_len=base_cfg.seq_len)
+    if source == "analytic" or (source == "auto" and shape is not None):
+        if shape is None:
+            raise ConfigError("basis", "analytic", "estimate or measure for this model",
+                              f"{base_cfg.model} has no analytic shape (built-in GPTs, llama-*, hf:LlamaForCausalLM)")
+        return (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=base_cfg.seq_len,
+                                             optimizer=base_cfg.optimizer)), "analytic"
+    chosen = "fast" if source == "auto" else source
+    if chosen == "fast":
+        return (lambda p, ck: fast_basis(base_cfg, p, ck, target=target)), chosen
+    # lazy: the full paths (four estimates or measured steps per pair) build runs; the cached and analytic ones
+    # answer `trainfit plan` without importing the run (torch.distributed.tensor) or a model's library
+    from trainfit.probes.calibrate import report_basis
+
+    return (lambda p, ck: report_basis(base_cfg, p, ck, source=chosen)), chosen
+
+
+def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | None, inter: float | None,
+                   latency_s: float = 0.0, overhead_s: float = 0.0) -> Callable[[str], Links]:
+    """``links(precision)``: achievable FLOP/s for its dtype and the ring's slowest hop."""
+    intra = intra or row.intra_bytes_per_s
+    inter = inter or row.inter_bytes_per_s
+    bw = inter if nodes > 1 else intra
+    if devices > 1 and not bw:
+        flag = "--bandwidth-inter" if nodes > 1 else "--bandwidth-intra"
+        raise ConfigError(flag.lstrip("-"), None, "a bandwidth such as 10GB/s",
+                          f"device {row.name} has no link bandwidth in the table; pass {flag}")
+    cache: dict[str, float] = {}
+
+    def rate(dtype: str) -> float:
+        if dtype not in cache:
+            if row.peak_row is None:
+                cache[dtype] = calibrate_cpu(dtype).flops_per_s * row.achievable_frac
+            else:
+                peak = find_device(row.peak_row).peak_tflops[dtype] * 1e12
+                cache[dtype] = peak * row.achievable_frac
+        return cache[dtype]
+
+    def links(p: str, ck: str = "none") -> Links:
+        return Links(flops_per_s=rate(precision_facts(p).compute), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
+                     overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
+
+    return links

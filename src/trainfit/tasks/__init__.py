@@ -37,3 +37,9 @@ def make_task(model: str, *, model_config: str = "", seq_len: int = 64, seed: in
 
 
 __all__ = ["Task", "GenericTask", "make_task", "BUILTIN_MODELS", "DataSpec", "DATA_MODELS"]
+
+
+def task_of(cfg) -> Task:
+    """The configured task of a ``RunConfig`` (model + data + loss): the run and every probe build this one."""
+    return make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len, seed=cfg.seed,
+                     dataset_size=cfg.dataset_size, data=DataSpec.from_config(cfg))

@@ -62,8 +62,9 @@ class GenericTask:
     example_batch: Callable[[int], Batch] | None = None
     """Optional: a worst-case micro-batch of n samples (full-length), for memory accounting."""
     depth_key: str = ""
-    """Optional: the model_config key that sets the number of identical blocks (e.g. n_layer);
-    lets the memory estimate trace a few blocks and extrapolate. Empty: trace the whole model."""
+    """Optional: the model_config key that sets the number of identical blocks (e.g. n_layer), or several
+    comma-separated keys set together (an encoder-decoder's two stacks of equal depth); lets the memory
+    estimate trace a few blocks and extrapolate. Empty: trace the whole model."""
     depth: int = 0
     """The number of identical blocks the model has (with depth_key)."""
     fake_trace: Callable[[], AbstractContextManager] | None = None

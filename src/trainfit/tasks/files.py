@@ -39,7 +39,6 @@ from trainfit.errors import ConfigError, check_choice, check_int
 from trainfit.tasks.corpus import find_sources, read_documents
 from trainfit.tasks.prepared import (
     DTYPES,
-    MIN_DOC_TOKENS,
     TokenStore,
     is_prepared,
     open_prepared,

@@ -401,12 +401,31 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     task.build_model = build
     task.fake_trace = _real_mask_decisions
     # A pretrained checkpoint's depth is fixed: the estimate traces it in full rather than at 3 and 4 blocks.
-    if pretrained is None and not getattr(config, "is_encoder_decoder", False) and \
-            isinstance(getattr(config, "num_hidden_layers", None), int):
-        task.depth_key, task.depth = "num_hidden_layers", config.num_hidden_layers
+    if pretrained is None:
+        task.depth_key, task.depth = _depth_keys(config)
     _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab, data)
     task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch)
     return task
+
+
+_ENCODER_DECODER_DEPTHS = (("num_layers", "num_decoder_layers"), ("encoder_layers", "decoder_layers"))
+"""(encoder, decoder) depth keys of encoder-decoder configs (T5 and its kin; BART, Marian, Whisper)."""
+
+
+def _depth_keys(config) -> tuple[str, int]:
+    """(the model_config key(s) that set the depth, the depth) for the estimator's block shortcut, or ("", 0).
+
+    A decoder or encoder stack: ``num_hidden_layers``. An encoder-decoder whose two stacks have the same depth:
+    both keys, comma-separated (the shortcut sets them together, so one depth variable grows both stacks and
+    every segment stays linear in it); stacks of different depths are traced in full."""
+    if not getattr(config, "is_encoder_decoder", False):
+        n = getattr(config, "num_hidden_layers", None)
+        return ("num_hidden_layers", n) if isinstance(n, int) and not isinstance(n, bool) else ("", 0)
+    for enc, dec in _ENCODER_DECODER_DEPTHS:
+        a, b = getattr(config, enc, None), getattr(config, dec, None)
+        if isinstance(a, int) and not isinstance(a, bool) and a == b:
+            return f"{enc},{dec}", a
+    return "", 0
 
 
 def _first_forward_checked(loss, given: dict[str, Any], config_class, arch: str):
