@@ -509,7 +509,15 @@ class PlanRow(_Typed):
     """Predicted bytes per device by part."""
     compute_s: float = 0.0
     exposed_comm_s: float = 0.0
+    compile: bool = False
+    """Compiled per block (``--compile on``); priced at a measured or given speed-up."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if not self.compile:  # said only when on: plans without compile read back the same
+            d.pop("compile", None)
+        return d
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -236,3 +236,20 @@ def test_bad_input_refused_in_one_line(tmp_path, monkeypatch):
     r = cli([*base, "--write-for", "lightning", str(tmp_path / "pl.json")], cwd=tmp_path)
     assert r.rc == 2 and "pip install 'trainfit[lightning]'" in r.err and len(error_lines(r.err)) == 1, r.err
     check_promise(r, tmp_path, before)
+
+
+def test_a_compiled_plan_row_is_written_as_each_tools_compile_or_listed(tmp_path):
+    """--compile-speedup puts compile in the plan; each tool's file holds its own compile switch, parsed by the
+    tool (TrainingArguments.torch_compile, accelerate's dynamo_config), or lists it as a gap (Lightning)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from transformers import TrainingArguments
+
+    compiled = [*SINGLE, "--compile-speedup", "2"]
+    row, path, err = _plan(tmp_path, compiled, "hf-trainer", "args.json")
+    assert row["compile"] is True and "compile: trainfit compiles each repeated block" in err
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **json.loads(path.read_text()), report_to=[])
+    assert args.torch_compile is True
+    row, path, err = _plan(tmp_path, compiled, "accelerate", "acc.yaml")
+    assert load_config_from_file(str(path)).dynamo_config["dynamo_backend"] == "INDUCTOR"
+    row, path, err = _plan(tmp_path, compiled, "lightning", "trainer.json")
+    assert "compile: trainfit compiles each repeated block" in err and "torch.compile" in err

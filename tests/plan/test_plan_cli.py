@@ -142,3 +142,41 @@ def test_plan_calibrate_on_several_cpu_devices_prices_the_measured_overhead(caps
     note = next(n for n in out["notes"] if n.startswith("distributed overhead measured on 2 gloo processes"))
     assert "ddp/deferred" in note and "zero" not in note  # only the strategies asked for are measured
     assert out["plans"] and all(e["strategy"] == "ddp" and e["step_s"] > 0 for e in out["plans"])
+
+
+def test_compile_speedup_adds_compile_and_the_written_plan_compiles(capsys, tmp_path):
+    plan = tmp_path / "PLAN.toml"
+    args = ["plan", "--model", "gpt-tiny", "--model-config", TINY, "--global-batch", "8", "--seq", "32",
+            "--device-memory", "64MiB", "--device", "cpu", "--precisions", "fp32", "--checkpointings", "none",
+            "--compile-speedup", "1.25", "--json", "--write", str(plan)]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plans"][0]["compile"] is True and any(n.startswith("compile: compute priced at 1.25x")
+                                                      for n in out["notes"])
+    assert PlanReport.from_dict(out).to_dict() == out
+    assert make_config(load_toml(plan)).compile is True
+    for bad in ("0", "-1", "nan", "fast"):
+        assert main(args[:-5] + [f"--compile-speedup={bad}"]) == 2
+        assert "compile-speedup=" in capsys.readouterr().err
+    h100 = ["plan", "--model", "gpt-tiny", "--global-batch", "8", "--device-memory", "80GiB", "--device", "h100",
+            "--compile-speedup", "measure"]
+    assert main(h100) == 2
+    assert "pass the ratio measured there" in capsys.readouterr().err
+
+
+def test_measured_compile_speedup_is_the_eager_over_compiled_step_per_pair():
+    from trainfit.plan.cost import Links
+    from trainfit.probes.calibrate import compile_speedup_links
+
+    seen = []
+
+    def measure(cfg, reps):
+        seen.append((cfg.precision, cfg.checkpointing.spec, cfg.micro_batch, cfg.accumulation))
+        return 0.3, 0.2, 5.0  # eager, compiled, compile seconds
+
+    plain = lambda p, ck="none": Links(flops_per_s=1e9, bandwidth_bytes_per_s=1.0)  # noqa: E731
+    links = compile_speedup_links(make_config({"model": "gpt-tiny", "model_config": TINY}), plain, measure=measure)
+    assert links("fp32", "none").compile_speedup == pytest.approx(1.5)
+    links("fp32", "none")
+    links("bf16-mixed", "full")
+    assert seen == [("fp32", "none", 4, 1), ("bf16-mixed", "full", 4, 1)]  # once per pair, at the basis' batch

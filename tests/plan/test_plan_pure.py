@@ -232,3 +232,33 @@ def test_near_tie_prefers_no_recompute_and_says_so():
     assert _prefer_no_recompute(clear) == "" and clear[0].checkpointing == "full"
     unfit = [entry("full", 1.00), entry("none", 1.01, fits=False)]
     assert _prefer_no_recompute(unfit) == "" and unfit[0].checkpointing == "full"
+
+
+def test_compile_divides_the_compute_not_the_communication_by_the_speedup():
+    """Hand calculation: a compiled candidate's compute is the eager compute / speed-up; the exposed
+    communication (ring model, no overlap) is the same bytes over the same link."""
+    b = basis()
+    links = Links(flops_per_s=1e9, bandwidth_bytes_per_s=1e6, compile_speedup=1.5, per_step_s=0.003)
+    eager = step_time(b, cand(strategy="ddp", n=4, accumulation=2), links)
+    compiled = step_time(b, cand(strategy="ddp", n=4, accumulation=2, compile=True), links)
+    assert eager.compute_s == pytest.approx(6e6 * 4 / 1e9 + 0.003)
+    assert compiled.compute_s == pytest.approx(eager.compute_s / 1.5)
+    assert compiled.exposed_comm_s == pytest.approx(eager.exposed_comm_s) and eager.exposed_comm_s > 0
+
+
+@pytest.mark.parametrize("speedup, first_compiled", [(1.5, True), (0.8, False)])
+def test_search_ranks_compile_by_its_speedup_and_only_when_asked(speedup, first_compiled):
+    space = SearchSpace(global_batch=8, devices=1, memory_bytes=10**9, strategies=("single",),
+                        precisions=("fp32",), checkpointings=("none",))
+    links = lambda p, ck="none": Links(flops_per_s=1e9, bandwidth_bytes_per_s=1.0,  # noqa: E731
+                                        compile_speedup=speedup)
+    plain = search(space, ctx=Context(devices=1, dtypes=("fp32",)), basis=lambda p, ck: basis(), links=links)
+    assert not any(e.compile for e in plain.entries)  # not asked: not searched
+    both = search(SearchSpace(**{**space.__dict__, "compiles": (False, True)}), ctx=Context(devices=1, dtypes=("fp32",)),
+                  basis=lambda p, ck: basis(), links=links)
+    assert len(both.entries) == 2 * len(plain.entries)
+    assert both.best.compile is first_compiled
+    compiled = next(e for e in both.entries if e.compile)
+    assert compiled.step_s == pytest.approx(next(e for e in both.entries if not e.compile and
+                                                 e.micro_batch == compiled.micro_batch).step_s / speedup)
+    assert any(r.startswith("compile:") for r in compiled.reasons)

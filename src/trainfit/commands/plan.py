@@ -101,6 +101,11 @@ def register(sub) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="cpu only: fit the compute rate to a few measured steps of this model (seconds); with "
                         "--devices > 1 also the distributed overhead, measured on 2 gloo processes (~1 min)")
+    p.add_argument("--compile-speedup", metavar="F|measure",
+                   help="add torch.compile (per block) to the search, its compute priced at F times the eager "
+                        "step's speed (a ratio you measured, e.g. with `trainfit profile --compile on` on the "
+                        "device), or `measure` (cpu): eager and compiled steps of this model, interleaved "
+                        "(a compile per (precision, checkpointing) pair: minutes when inductor's cache is cold)")
     p.add_argument("--precisions", help=f"comma-separated subset of {', '.join(PRECISION_CHOICES)} (default: all)")
     p.add_argument("--checkpointings", help=f"comma-separated subset of {', '.join(CHECKPOINT_CHOICES)}, or every:K, "
                                             "selective, budget:F (default: the first three)")
@@ -124,6 +129,25 @@ def _int(name: str, text: str, minimum: int = 1) -> int:
         raise ConfigError(name, text, f"an integer >= {minimum}") from None
     if v < minimum:
         raise ConfigError(name, text, f"an integer >= {minimum}")
+    return v
+
+
+def _compile_speedup(text: str | None, row) -> float | str | None:
+    """``--compile-speedup``: None (compile not searched), "measure" (cpu only) or a ratio > 0."""
+    if text is None:
+        return None
+    allowed = "a positive ratio (eager step / compiled step, e.g. 1.3) or measure (with --device cpu)"
+    if str(text).strip() == "measure":
+        if row.peak_row is not None:
+            raise ConfigError("compile-speedup", text, allowed, "measure times steps on this machine's CPU; for "
+                              f"{row.name} pass the ratio measured there")
+        return "measure"
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError("compile-speedup", text, allowed) from None
+    if not 0.0 < v < math.inf:  # NaN fails too
+        raise ConfigError("compile-speedup", text, allowed)
     return v
 
 
@@ -265,6 +289,7 @@ def check_flags(args) -> dict:
         write=check_output_file("write", args.write, force=args.force, suffix=".toml") if args.write else None,
         found=(found, overridden) if found is not None else None,
     )
+    flags["compile_speedup"] = _compile_speedup(getattr(args, "compile_speedup", None), flags["row"])
     if args.basis not in BASIS_SOURCES:
         raise ConfigError("basis", args.basis, BASIS_SOURCES)
     if args.calibrate and flags["row"].peak_row is not None:
@@ -279,8 +304,10 @@ def make_plan(args, flags: dict | None = None):
     """Parse the flags, search, and return (result, base config, devices per node, basis used, space)."""
     flags = check_flags(args) if flags is None else flags
     devices, nodes, row, subsets = flags["devices"], flags["nodes"], flags["row"], flags["subsets"]
+    speedup = flags.get("compile_speedup")
     space = SearchSpace(global_batch=flags["global_batch"], devices=devices, memory_bytes=flags["memory_bytes"],
-                        headroom=flags["headroom"], **subsets)
+                        headroom=flags["headroom"], compiles=(False,) if speedup is None else (False, True),
+                        **subsets)
     seq = flags["seq"]
     job = {"lora": args.lora, "freeze": args.freeze,
            **{k: getattr(args, k) for k in FILE_DATA_FLAGS if getattr(args, k, None) is not None}}
@@ -354,6 +381,9 @@ def make_plan(args, flags: dict | None = None):
                       file=sys.stderr, flush=True)
                 links, dist_rows = with_dist_overhead(links, base, basis, world=2,
                                                       strategies=subsets.get("strategies"))
+        if speedup is not None:
+            links, compile_note = _with_compile_speedup(links, base, speedup)
+            header.append(compile_note)
         result = search(space, ctx=ctx, basis=basis, links=links)
     result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
@@ -368,6 +398,23 @@ def make_plan(args, flags: dict | None = None):
         result.notes.append("cpu step times assume the calibrated matmul rate, which a small model does not reach; "
                             "pass --calibrate to fit them to this model's measured steps")
     return result, base, devices // nodes, used, space, len(header)
+
+
+def _with_compile_speedup(links, base, speedup):
+    """``links`` carrying the compile speed-up (given, or measured per pair on this CPU) and its source line."""
+    if speedup != "measure":
+        return ((lambda p, ck="none": dataclasses.replace(links(p, ck), compile_speedup=speedup)),
+                f"compile: compute priced at {speedup:g}x the eager speed (--compile-speedup, as given); memory "
+                "as eager")
+    # lazy: measuring builds, compiles and steps runs here; a plan that does not measure never imports the run
+    from trainfit.probes.calibrate import compile_speedup_links
+
+    print("plan: measuring eager vs compiled steps of this model (a compile per pair; minutes when inductor's "
+          "cache is cold) ...", file=sys.stderr, flush=True)
+    return (compile_speedup_links(base, links),
+            "compile: compute priced at the eager/compiled step ratio measured on this CPU per (precision, "
+            "checkpointing), interleaved steps at the basis micro-batch (probes.compile.measure_compile_speedup); "
+            "memory as eager")
 
 
 @contextlib.contextmanager
@@ -387,6 +434,8 @@ def plan_config(entry, base, *, devices: int, global_batch: int):
               "devices": devices}
     if strategy_facts(entry.strategy).distributed:
         values["global_batch"] = global_batch
+    if entry.compile:
+        values["compile"] = True
     return make_config(values, base=base)
 
 
@@ -510,7 +559,7 @@ def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:
 def format_table(entries) -> str:
     mw = max([5, *(len(str(e.micro_batch)) + 1 for e in entries)])  # a 10**18 batch keeps its columns apart
     aw = max([6, *(len(str(e.accumulation)) + 1 for e in entries)])
-    cw = max([8, *(len(e.checkpointing) + 1 for e in entries)])
+    cw = max([8, *(len(e.checkpointing) + 1 + 9 * bool(getattr(e, "compile", False)) for e in entries)])
     head = f"{'#':>3} {'precision':<11}{'mb':>{mw}}{'acc':>{aw}} {'ckpt':<{cw}}{'strategy':<9}{'sync':<16}" \
            f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
     lines = [head]
@@ -520,6 +569,7 @@ def format_table(entries) -> str:
         why = "yes" if e.fits else "no"
         if e.reasons:
             why += ": " + "; ".join(e.reasons)
-        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {e.checkpointing:<{cw}}"
+        ck = e.checkpointing + (" +compile" if getattr(e, "compile", False) else "")
+        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {ck:<{cw}}"
                      f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
     return "\n".join(lines)

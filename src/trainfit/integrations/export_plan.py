@@ -237,8 +237,17 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes per node x {nodes} node(s)",
                         instead=f"not a TrainingArguments field: launch the script with torchrun "
                                 f"--nproc_per_node={cfg.devices} --nnodes={nodes}"))
+    if cfg.compile:
+        args["torch_compile"] = True
+        gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
     text = json.dumps(args, indent=2) + "\n"
     return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+
+
+def _compile_gap(instead: str) -> Gap:
+    return Gap(lever="compile", trainfit="compiles each repeated block on its own (one graph every block reuses)",
+               instead=instead + "; the plan priced the compiled step at a measured or given speed-up, which a "
+                                 "different compile scope may not reach")
 
 
 # -- Accelerate ----------------------------------------------------------------------------------------------
@@ -309,6 +318,9 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_zero1_gap("accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP with the "
                                "optimizer state replicated (or wrap the optimizer in "
                                "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
+    if cfg.compile:
+        values["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+        gaps.append(_compile_gap("dynamo_config (backend INDUCTOR) makes accelerator.prepare compile the whole model"))
     if s.distributed and nodes > 1:
         gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes on each of {nodes} nodes",
                         instead="machine_rank is written as 0 and main_process_ip is not written: set both in each "
@@ -393,6 +405,9 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_token_gap("Lightning divides each training_step loss by accumulate_grad_batches: a mean of means "
                                "unless training_step returns the micro-batch's sum over the window's token count "
                                "times accumulate_grad_batches"))
+    if cfg.compile:
+        gaps.append(_compile_gap("Trainer and Fabric take no compile argument: call torch.compile on the model (or "
+                                 "on each block) in the script"))
     text = json.dumps(values, indent=2) + "\n"
     return ToolConfig(tool="lightning", text=text, values=values, gaps=tuple(gaps), script={})
 

@@ -82,6 +82,8 @@ class Candidate:
     grad_sync: str
     n: int
     """Data-parallel degree (devices)."""
+    compile: bool = False
+    """``torch.compile`` per block (``levers/compile.py``): compute priced at ``Links.compile_speedup``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +183,10 @@ class Links:
     """Fixed cost per forward+backward (launches, Python), measured or 0."""
     per_step_s: float = 0.0
     """Fixed cost per optimizer step (the update, zeroing), measured or 0."""
+    compile_speedup: float = 1.0
+    """Eager step / compiled step, measured (``--compile-speedup measure`` on CPU) or given by the user; a
+    compiled candidate's compute (FLOPs and the per-step and per-micro-batch costs, not the communication)
+    is divided by it. 1.0: no speed-up known."""
     dist_overhead: tuple[tuple[str, str, float, float], ...] = ()
     """``(strategy, grad_sync, per_step_s, per_micro_batch_s)`` rows: time a multi-device step spends
     beyond the compute and the modelled communication, fitted to measured steps of that strategy
@@ -216,6 +222,8 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
     compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
     recompute = (b.hardware_flops_per_sample - b.model_flops_per_sample) * samples / links.flops_per_s
+    if c.compile:  # the kernels and launches compile changes; the communication stays as it was
+        compute, recompute = compute / links.compile_speedup, recompute / links.compile_speedup
     comm_s = small_s = overhead = 0.0
     if c.n > 1 and c.strategy in comm.DISTRIBUTED:
         overhead = links.dist_overhead_s(c.strategy, c.grad_sync, c.accumulation)

@@ -41,6 +41,9 @@ class SearchSpace:
     strategies: tuple[str, ...] = STRATEGY_CHOICES
     micro_batches: tuple[int, ...] = ()
     """Micro-batch sizes to try (empty: :func:`micro_batch_choices` of the per-device share)."""
+    compiles: tuple[bool, ...] = (False,)
+    """Eager and/or ``torch.compile``d candidates; compiled ones only where a speed-up is known (measured or
+    given: ``Links.compile_speedup``) -- an unpriced lever is not searched."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "devices", "memory_bytes"):
@@ -127,9 +130,14 @@ class PlanEntry:
     parts: dict[str, int] = field(default_factory=dict)
     compute_s: float = 0.0
     exposed_comm_s: float = 0.0
+    compile: bool = False
+    """Compiled per block (``trainfit train --compile on``)."""
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        if not self.compile:  # said only when on: plans without compile read back the same
+            del d["compile"]
+        return d
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,8 +163,10 @@ def candidates(space: SearchSpace) -> list[Candidate]:
             for s in space.strategies:
                 for m in mbs:
                     for sync in GRAD_SYNC_CHOICES:
-                        out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m, checkpointing=ck,
-                                             strategy=s, grad_sync=sync, n=space.devices))
+                        for compiled in space.compiles:
+                            out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m,
+                                                 checkpointing=ck, strategy=s, grad_sync=sync, n=space.devices,
+                                                 compile=compiled))
     return out
 
 
@@ -193,9 +203,13 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
         if ap != c.precision:
             act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
             cache[(ap, c.checkpointing)] = act_b
-        mem, t = memory(b, c, act_basis=act_b), step_time(b, c, links(c.precision, c.checkpointing))
+        lk = links(c.precision, c.checkpointing)
+        mem, t = memory(b, c, act_basis=act_b), step_time(b, c, lk)
         fits = mem.peak_bytes <= space.budget_bytes
         reasons = []
+        if c.compile:
+            reasons.append(f"compile: compute at {lk.compile_speedup:.3g}x the eager step's speed (measured or "
+                           "given); memory as eager (the partitioner saved the same bytes on the GPTs measured)")
         if not fits:
             big = max(mem.parts().items(), key=lambda kv: kv[1])
             reasons.append(f"peak {fmt_bytes(mem.peak_bytes)} > budget {fmt_bytes(space.budget_bytes)} "
@@ -210,14 +224,14 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             checkpointing=c.checkpointing, strategy=c.strategy, grad_sync=c.grad_sync,
             peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
             fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
-            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s))
+            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile))
     if not entries:
         raise TrainfitError("plan: no candidate is compatible with the device and device count: "
                             + "; ".join(excluded))
     # Equal predicted times (to 0.1%): prefer the larger micro-batch (fewer launches, better device
     # utilisation, which the FLOP model does not see), then less memory.
     entries.sort(key=lambda e: (not e.fits, round(math.log(e.step_s), 3) if e.fits else e.peak_bytes_per_device,
-                                -e.micro_batch, e.peak_bytes_per_device))
+                                -e.micro_batch, e.peak_bytes_per_device, e.compile))
     promoted = _prefer_no_recompute(entries)
     notes = _notes(entries, space)
     if promoted:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from trainfit.config import RunConfig, make_config
 from trainfit.plan.basis import basis_from_reports
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
+from trainfit.probes.compile import measure_compile_speedup
 from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory
 from trainfit.probes.fastbasis import BASIS_SOURCES, basis_provider, links_provider, model_units  # noqa: F401 -- re-exported
 from trainfit.probes.memory import example_batch, measure_memory
@@ -103,6 +104,25 @@ def calibrated_links(base_cfg: RunConfig, plain: Callable[..., Links], basis: Ca
                 plain(p, ck), flops_per_s=basis(p, ck).hardware_flops_per_sample / per_sample,
                 overhead_per_micro_batch_s=per_mb, per_step_s=per_step)
         return cache[(p, ck)]
+
+    return links
+
+
+def compile_speedup_links(base_cfg: RunConfig, plain: Callable[..., Links], *, reps: int = 5,
+                          measure: Callable[..., tuple[float, float, float]] | None = None) -> Callable[..., Links]:
+    """``plain`` links with ``compile_speedup`` measured on this machine for each (precision, checkpointing)
+    pair the search asks for: eager and compiled steps of the model at the basis' larger micro-batch,
+    interleaved (``probes.compile.measure_compile_speedup``, median of ``reps``), once per pair."""
+    measure = measure or measure_compile_speedup
+    cache: dict[tuple[str, str], float] = {}
+
+    def links(p: str, ck: str = "none") -> Links:
+        if (p, ck) not in cache:
+            cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": BASIS_BATCHES[1],
+                               "accumulation": 1, "strategy": StrategyName.SINGLE}, base=base_cfg)
+            eager_s, compiled_s, _ = measure(cfg, reps)
+            cache[(p, ck)] = eager_s / compiled_s
+        return dataclasses.replace(plain(p, ck), compile_speedup=cache[(p, ck)])
 
     return links
 
