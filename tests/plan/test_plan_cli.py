@@ -180,3 +180,17 @@ def test_measured_compile_speedup_is_the_eager_over_compiled_step_per_pair():
     links("fp32", "none")
     links("bf16-mixed", "full")
     assert seen == [("fp32", "none", 4, 1), ("bf16-mixed", "full", 4, 1)]  # once per pair, at the basis' batch
+
+
+def test_a_traced_basis_searches_none_and_full_unless_asked_and_says_so(capsys):
+    args = ["plan", "--model", "gpt-tiny", "--model-config", TINY, "--global-batch", "8", "--seq", "32",
+            "--device-memory", "64MiB", "--device", "cpu", "--precisions", "fp32", "--strategies", "single",
+            "--basis", "fast", "--top", "100", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {e["checkpointing"] for e in out["plans"]} == {"none", "full"}
+    assert any(n.startswith("checkpointing searched: none, full") for n in out["notes"])
+    assert main([*args, "--checkpointings", "none,every:2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {e["checkpointing"] for e in out["plans"]} == {"none", "every:2"}
+    assert not any(n.startswith("checkpointing searched") for n in out["notes"])

@@ -72,6 +72,10 @@ FILE_DATA_FLAGS = {
 """The flags of ``--data`` jobs plan reads; None when not given (RunConfig's defaults then)."""
 
 
+FAST_DEFAULT_CHECKPOINTINGS = ("none", "full")
+"""The checkpointing policies searched by default when the basis is traced (``--basis fast``)."""
+
+
 def register(sub) -> None:
     p = sub.add_parser("plan", help="choose the levers for a job so it fits and runs fastest")
     p.add_argument("--model", default="gpt-tiny", help=MODEL_HELP)
@@ -108,7 +112,7 @@ def register(sub) -> None:
                         "(a compile per (precision, checkpointing) pair: minutes when inductor's cache is cold)")
     p.add_argument("--precisions", help=f"comma-separated subset of {', '.join(PRECISION_CHOICES)} (default: all)")
     p.add_argument("--checkpointings", help=f"comma-separated subset of {', '.join(CHECKPOINT_CHOICES)}, or every:K, "
-                                            "selective, budget:F (default: the first three)")
+                                            "selective, budget:F (default: none, every:2, full; none, full for a traced basis)")
     p.add_argument("--strategies", help=f"comma-separated subset of {', '.join(STRATEGY_CHOICES)} (default: all)")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -334,6 +338,12 @@ def make_plan(args, flags: dict | None = None):
                                                                           f"at most --seq {seq})"))
     basis, used = basis_provider(base, source=args.basis, target=row.name)
     ctx = Context(devices=devices, dtypes=dtypes_of(row))
+    if used == "fast" and "checkpointings" not in subsets:
+        # every:K traces twice the blocks of the others (K x 3 and K x 4 blocks, the unit being K blocks) and
+        # would take half the cold time; the traced default keeps none and full, and says so
+        space = dataclasses.replace(space, checkpointings=FAST_DEFAULT_CHECKPOINTINGS)
+        header.append(f"checkpointing searched: {', '.join(FAST_DEFAULT_CHECKPOINTINGS)} (every:2 traces twice the "
+                      "blocks, so a traced basis leaves it out unless asked: --checkpointings none,every:2,full)")
     if used == "fast":  # every pair the search will ask for, traced in parallel (or read from the cache)
         t0 = time.perf_counter()
         pairs = needed_pairs(space, ctx)
