@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--model-config", default=None,
                     help="held-out shapes: the strategy rules of plan.cost were read off gpt-tiny's default one")
     ap.add_argument("--tag", default="", help="suffix of the result files")
+    ap.add_argument("--basis", default="estimate", choices=("estimate", "fast"),
+                    help="the single-device basis: four full estimates per pair, or the fast basis "
+                         "(probes.fastbasis: two windowed traces, uncached here)")
     args = ap.parse_args()
     model = dict(MODELS[args.model])
     if args.model_config:
@@ -56,13 +59,15 @@ def main() -> None:
     from trainfit.config import make_config
     from trainfit.plan.cost import Candidate, activation_precision, memory
     from trainfit.probes.calibrate import report_basis
+    from trainfit.probes.fastbasis import fast_basis
 
     base = make_config(model)
     bases: dict = {}
     rows = []
     def basis(p):
         if p not in bases:
-            bases[p] = report_basis(base, p, "none", source="estimate")
+            bases[p] = (fast_basis(base, p, "none", use_cache=False) if args.basis == "fast" else
+                        report_basis(base, p, "none", source="estimate"))
         return bases[p]
 
     for i, (s, p, mb, acc, sync) in enumerate(GRID):
@@ -82,8 +87,9 @@ def main() -> None:
                      f"{r['grad_sync']} | {r['pred_peak_bytes']:,} | {r['meas_peak_bytes_rank0']:,} | "
                      f"{r['meas_peak_bytes_rank1']:,} | {r['mem_err']:+.1%} |")
     worst = max(abs(r["mem_err"]) for r in rows)
-    write_results(name, {"model": model, "rows": rows},
-                  f"Per-rank peak memory on 2 gloo processes, model {model}: {len(rows)} rows, max |error| "
+    write_results(name, {"model": model, "basis": args.basis, "rows": rows},
+                  f"Basis: {args.basis}. Per-rank peak memory on 2 gloo processes, model {model}: {len(rows)} rows, "
+                  f"max |error| "
                   f"{worst:.2%}.\n\n" + "\n".join(lines))
 
 

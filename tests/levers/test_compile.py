@@ -169,3 +169,20 @@ def test_compiled_saved_bytes_estimate_matches_measured(aot_eager):
     assert r.compiled_region_bytes > 0 and abs(r.gap_frac) <= 0.05, r
     # Hand check of what a block must keep at least: its LayerNorm inputs (B, T, C) fp32, twice per block.
     assert r.compiled_region_bytes >= 2 * 2 * 4 * 16 * 32 * 4
+
+
+def test_memory_under_compile_says_the_parts_are_eager_and_measures_the_compiled_saved_bytes(aot_eager):
+    """``memory --compile on``: the tracked step runs eagerly (dynamo compiles nothing under the tracker), so
+    the output says so and adds what the compiled forward saves, equal to compiled_saved_bytes of the same job."""
+    r = cli(["memory", *TINY_FLAGS, "--compile", "on", "--json"])
+    assert r.rc == 0, r.err
+    note = next(n for n in json.loads(r.out)["notes"] if n.startswith("compile:"))
+    torch._dynamo.reset()  # the CLI ran in this process: its compiled frames would be reused, not captured
+    want = compiled_saved_bytes(RunConfig(model_config=TINY["model_config"], seq_len=16, micro_batch=3,
+                                          accumulation=2, compile=True))  # the job TINY_FLAGS give the CLI
+    assert want.graphs == 1 and want.compiled_bytes > 0
+    assert f"compiled {want.compiled_bytes:,} B" in note and f"eager {want.eager_bytes:,} B" in note
+    r = cli(["memory", *TINY_FLAGS, "--compile", "on", "--estimate", "--json"])
+    assert r.rc == 0, r.err
+    assert any(n.startswith("compile: the parts above are the eager step's (fake tensors")
+               for n in json.loads(r.out)["notes"])

@@ -11,6 +11,8 @@ import dataclasses
 import functools
 import sys
 
+import torch
+
 from trainfit.cli import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
@@ -18,6 +20,7 @@ from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
 from trainfit.meters.devices import DEVICES, device_row
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.probes.batchfit import fit_batch_scaling, second_batch
+from trainfit.probes.compile import compiled_saved_bytes
 from trainfit.probes.estimate import estimate_memory
 from trainfit.probes.memory import example_batch, measure_memory
 from trainfit.probes.profile import task_flop_counter
@@ -101,6 +104,8 @@ def run(args) -> int:
               else format_comparison(cfg, args.method, rows))
         return 0
     report = make_report(cfg)
+    if cfg.compile:  # the step above ran (or was traced) eagerly: say what the compiled step saves instead
+        report = dataclasses.replace(report, notes=(*report.notes, compile_note(cfg, args.method, world)))
     if cfg.data:  # rows from files: the sizing batch is the longest micro-batch this data produces
         longest = load_text_data(DataSpec.from_config(cfg)).longest  # cached: read once by the task already
         print(f"trainfit: activations sized for rows of {longest} tokens, the longest this data produces"
@@ -134,6 +139,24 @@ def run(args) -> int:
         for r, parts in enumerate(per_rank or []):
             print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in parts.items()))
     return 0
+
+
+def compile_note(cfg, method: str, world) -> str:
+    """``--compile on``: the tracker's dispatch mode keeps dynamo from compiling (measured: 0 graphs) and fake
+    tensors cannot run compiled code, so the parts above are the eager step's; one line with what the compiled
+    forward saves for backward, measured on one micro-batch here (``probes.compile.compiled_saved_bytes``)."""
+    if method == "estimate" or world is not None:
+        return ("compile: the parts above are the eager step's (fake tensors cannot run compiled code); on the "
+                "built-in GPTs the compiled forward saved the same bytes for backward (docs/compile.md); "
+                "`trainfit memory --compile on` without --estimate measures it for this model")
+    # The tracked steps above ran under the tracker, and dynamo remembers the frames it skipped there: forget
+    # them, or the compiled run below would run eagerly too (measured: 0 graphs).
+    torch._dynamo.reset()
+    c = compiled_saved_bytes(cfg)
+    return (f"compile: the parts above are the eager step's (dynamo compiles nothing under the tracker); saved for "
+            f"backward by one micro-batch, measured: eager {c.eager_bytes:,} B, compiled {c.compiled_bytes:,} B "
+            f"({c.graphs} graphs, {c.scope}); the partitioner's estimate of the compiled regions is "
+            f"{c.gap_frac:+.1%} from measured")
 
 
 def offload_lines(r) -> list[str]:
