@@ -218,12 +218,11 @@ def check_model(model: str, model_config: str, seq: int, *, data: DataSpec | Non
     return planned
 
 
-def checked_model(job_cfg, *, data: DataSpec | None = None) -> tuple[PlannedModel, bool]:
+def checked_model(job_cfg, *, data: DataSpec | None = None) -> PlannedModel:
     """:func:`check_model` of the job in ``job_cfg``, remembered in the basis cache under the same key rules
     (the model, its config, the sequence, the data and every file they name, the versions of torch,
     transformers and trainfit's source): a job accepted once is not built again, which spares importing
-    ``transformers`` (seconds) when every basis is cached too. A refusal is never remembered.
-    Returns (the planned model, whether it came from the cache)."""
+    ``transformers`` (seconds) when every basis is cached too. A refusal is never remembered."""
     key = cache_key(job_cfg, target="checked-model")
     record = read_record("checked", key)
     if record is not None:
@@ -231,12 +230,12 @@ def checked_model(job_cfg, *, data: DataSpec | None = None) -> tuple[PlannedMode
             shape = record["shape"]
             return PlannedModel(model=record["model"], model_config=record["model_config"],
                                 shape=None if shape is None else TransformerShape(**shape),
-                                notes=tuple(record["notes"]), check_task=record["check_task"]), True
+                                notes=tuple(record["notes"]), check_task=record["check_task"])
         except (KeyError, TypeError):  # another layout: check again
             pass
     planned = check_model(job_cfg.model, job_cfg.model_config, job_cfg.seq_len, data=data)
     write_record("checked", key, dataclasses.asdict(planned))
-    return planned, False
+    return planned
 
 
 def data_model_config(model: str, model_config: str, text: TextData | None) -> str:
@@ -319,7 +318,7 @@ def make_plan(args, flags: dict | None = None):
     text = load_text_data(spec) if spec is not None else None  # read (and refused) as train reads it
     job_cfg = make_config({"model": args.model, "model_config": data_model_config(args.model, args.model_config, text),
                            "seq_len": seq, **job})
-    planned, _ = checked_model(job_cfg, data=spec)
+    planned = checked_model(job_cfg, data=spec)
     if text is not None and planned.shape is not None:  # train's own refusals (check_task may skip the task)
         check_model_fits(text, vocab_size=planned.shape.vocab_size, max_positions=None, seq_len=seq,
                          model=planned.model)
@@ -569,7 +568,7 @@ def plan_report(result, shown, *, model: str, space, basis: str) -> PlanReport:
 def format_table(entries) -> str:
     mw = max([5, *(len(str(e.micro_batch)) + 1 for e in entries)])  # a 10**18 batch keeps its columns apart
     aw = max([6, *(len(str(e.accumulation)) + 1 for e in entries)])
-    cw = max([8, *(len(e.checkpointing) + 1 + 9 * bool(getattr(e, "compile", False)) for e in entries)])
+    cw = max([8, *(len(e.checkpointing) + 1 + len(" +compile") * e.compile for e in entries)])
     head = f"{'#':>3} {'precision':<11}{'mb':>{mw}}{'acc':>{aw}} {'ckpt':<{cw}}{'strategy':<9}{'sync':<16}" \
            f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
     lines = [head]
@@ -579,7 +578,7 @@ def format_table(entries) -> str:
         why = "yes" if e.fits else "no"
         if e.reasons:
             why += ": " + "; ".join(e.reasons)
-        ck = e.checkpointing + (" +compile" if getattr(e, "compile", False) else "")
+        ck = e.checkpointing + (" +compile" if e.compile else "")
         lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {ck:<{cw}}"
                      f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
     return "\n".join(lines)

@@ -11,7 +11,6 @@ tensors are saved, so each of those pairs gets its own basis.
 
 from __future__ import annotations
 
-
 from trainfit.plan import recompute as recompute_rules
 from trainfit.plan.cost import Basis
 from trainfit.plan.shapes import TransformerShape

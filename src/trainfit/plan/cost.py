@@ -21,7 +21,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainfit.plan import comm
-from trainfit.plan.offload import offload_price
 from trainfit.vocabulary import PRECISIONS, GradSync, PrecisionName, precision_facts, strategy_facts
 
 
@@ -85,9 +84,6 @@ class Candidate:
     """Data-parallel degree (devices)."""
     compile: bool = False
     """``torch.compile`` per block (``levers/compile.py``): compute priced at ``Links.compile_speedup``."""
-    offload: str = ""
-    """``--offload`` parts, comma-separated and sorted ("" none): what rests in host memory
-    (``levers/offload.py``; the choices per strategy: ``plan.search.offload_choices``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,8 +94,6 @@ class Memory:
     activations_bytes: float
     temporaries_bytes: float
     peak_bytes: float
-    offloaded_activation_bytes: float = 0.0
-    """Activations saved for backward per micro-batch that ``--offload activations`` keeps on the host."""
 
     def parts(self) -> dict[str, float]:
         return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
@@ -154,24 +148,9 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     # The optimizer step's temporaries follow the tensors it steps: a rank of a strategy that shards the state
     # steps 1/n of them (foreach, the CUDA default, holds temporaries for all of them at once).
     step_temp = b.step_temp_bytes / n if "optimizer" in sharded else b.step_temp_bytes
-    offloaded_act = 0.0
-    parts = set(c.offload.split(",")) - {""}
-    if "optimizer" in parts:
-        # The optimizer state (and any fp32 master) rests on the host and the step runs there: nothing of it,
-        # nor its temporaries, on the device. FSDP2's CPUOffloadPolicy also keeps the sharded parameters and
-        # their sharded gradients on the host: the device holds what it gathers (zero2 the whole compute copy,
-        # zero3 one unit) and the unsharded gradients a deferred window accumulates.
-        opt, step_temp = 0.0, 0.0
-        if facts.fsdp:
-            params = (b.n_params * b.compute_bytes_per_param if not facts.reshard_after_forward
-                      else unit_compute)
-            deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
-            grads = step_grads = b.grads_bytes if deferred else 0.0
-    if "activations" in parts:  # saved for backward on the host; brought back one op at a time in backward
-        offloaded_act, act = act, 0.0
     peak = max(params + grads + opt + act + temp, params + step_grads + opt + step_temp)
     return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
-                  temporaries_bytes=temp, peak_bytes=peak, offloaded_activation_bytes=offloaded_act)
+                  temporaries_bytes=temp, peak_bytes=peak)
 
 
 def activation_precision(strategy: str, precision: str) -> str:
@@ -204,9 +183,6 @@ class Links:
     """Fixed cost per forward+backward (launches, Python), measured or 0."""
     per_step_s: float = 0.0
     """Fixed cost per optimizer step (the update, zeroing), measured or 0."""
-    host_bytes_per_s: float | None = None
-    """One-direction device-host bandwidth (the device row's datasheet link, or ``measure_host_copy`` on a
-    CPU with ``--calibrate``): offload's copies are priced at it; None: offload is not priced (not searched)."""
     compile_speedup: float = 1.0
     """Eager step / compiled step, measured (``--compile-speedup measure`` on CPU) or given by the user; a
     compiled candidate's compute (FLOPs and the per-step and per-micro-batch costs, not the communication)
@@ -234,8 +210,6 @@ class Time:
     scaling_efficiency: float
     overhead_s: float = 0.0
     """Measured distributed overhead beyond compute and modelled communication (Links.dist_overhead)."""
-    offload_s: float = 0.0
-    """The host copies of ``--offload`` (:func:`offload_seconds`), not overlapped."""
     """compute / step: the share of the step the devices spend computing (1 = perfect scaling)."""
 
 
@@ -243,20 +217,7 @@ BACKWARD_SHARE = 2 / 3
 """Backward is ~2/3 of forward+backward FLOPs (two matmuls per forward matmul)."""
 
 
-def offload_seconds(b: Basis, c: Candidate, links: Links, *, activation_bytes: float = 0.0) -> float:
-    """Seconds per step of ``c.offload``'s host copies (``plan.offload``: down and up summed, not overlapped
-    with compute -- an upper bound); 0 without offload."""
-    if not c.offload:
-        return 0.0
-    facts = precision_facts(c.precision)
-    price = offload_price(parts=set(c.offload.split(",")), strategy=c.strategy, n_params=b.n_trainable or b.n_params,
-                          world_size=c.n, accumulation=c.accumulation, weight_bytes=facts.bytes_per_param[0],
-                          activation_bytes_per_micro_batch=int(activation_bytes), grad_sync=c.grad_sync,
-                          host_bytes_per_s=links.host_bytes_per_s)
-    return price.seconds_per_step or 0.0
-
-
-def step_time(b: Basis, c: Candidate, links: Links, *, offloaded_activation_bytes: float = 0.0) -> Time:
+def step_time(b: Basis, c: Candidate, links: Links) -> Time:
     samples = c.micro_batch * c.accumulation
     compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
@@ -280,10 +241,9 @@ def step_time(b: Basis, c: Candidate, links: Links, *, offloaded_activation_byte
         small_s = 2 * (c.n - 1) * calls.small_all_reduce * links.latency_s
     exposed = max(0.0, comm_s - links.overlap * BACKWARD_SHARE * compute) + small_s
     comm_s += small_s
-    offload = offload_seconds(b, c, links, activation_bytes=offloaded_activation_bytes)
-    step = compute + exposed + overhead + offload
+    step = compute + exposed + overhead
     return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
-                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead, offload_s=offload)
+                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead)
 
 
 def _per_step_only(strategy: str) -> bool:

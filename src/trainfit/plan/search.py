@@ -10,7 +10,6 @@ global batch is fixed, so the shortest step is the highest throughput), then by 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from trainfit.errors import ConfigError, TrainfitError
 from trainfit.plan.cost import Basis, Candidate, Links, activation_precision, memory, step_time
 from trainfit.plan.rules import Context, broken_rules
 from trainfit.units import fmt_bytes
-from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync, StrategyName
+from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync
 
 PRECISION_CHOICES = tuple(PRECISIONS)
 STRATEGY_CHOICES = tuple(STRATEGIES)
@@ -42,8 +41,6 @@ class SearchSpace:
     strategies: tuple[str, ...] = STRATEGY_CHOICES
     micro_batches: tuple[int, ...] = ()
     """Micro-batch sizes to try (empty: :func:`micro_batch_choices` of the per-device share)."""
-    offloads: tuple[str, ...] = ("",)
-    """``--offload`` settings to try ("" none); each strategy takes those :func:`offload_choices` allows."""
     compiles: tuple[bool, ...] = (False,)
     """Eager and/or ``torch.compile``d candidates; compiled ones only where a speed-up is known (measured or
     given: ``Links.compile_speedup``) -- an unpriced lever is not searched."""
@@ -135,14 +132,11 @@ class PlanEntry:
     exposed_comm_s: float = 0.0
     compile: bool = False
     """Compiled per block (``trainfit train --compile on``)."""
-    offload: str = ""
-    """``--offload`` parts ("" none)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
-        for key in ("compile", "offload"):  # said only when on: plans without them read back the same
-            if not d[key]:
-                del d[key]
+        if not self.compile:  # said only when on: plans without compile read back the same
+            del d["compile"]
         return d
 
 
@@ -160,30 +154,6 @@ class PlanResult:
         return self.entries[0] if self.entries and self.entries[0].fits else None
 
 
-OFFLOAD_CHOICES = ("", "optimizer", "activations", "activations,optimizer")
-"""What the search offers to offload; under zero3 "optimizer" means "optimizer,params" (FSDP2 moves both)."""
-
-
-def offload_choices(strategy: str) -> tuple[str, ...]:
-    """The ``--offload`` settings a strategy runs, as ``levers/offload.OffloadPlan`` accepts them (the same
-    rules, restated here because the planner imports no torch; ``tests/plan`` holds the two equal): zero3
-    moves parameters with the optimizer state, zero1 cannot offload its optimizer (its broadcast sends
-    device tensors)."""
-    if strategy == StrategyName.ZERO1:
-        return ("", "activations")
-    if strategy == StrategyName.ZERO3:
-        return tuple(",".join(sorted(x.split(",") + ["params"])) if "optimizer" in x else x for x in OFFLOAD_CHOICES)
-    return OFFLOAD_CHOICES
-
-
-def _offload_choice(wanted: str, strategy: str) -> str | None:
-    """``wanted`` (an entry of OFFLOAD_CHOICES) as ``strategy`` runs it, or None where it cannot."""
-    for choice in offload_choices(strategy):
-        if set(choice.split(",")) - {"params"} == set(wanted.split(",")):
-            return choice
-    return None
-
-
 def candidates(space: SearchSpace) -> list[Candidate]:
     share = space.global_batch // space.devices
     mbs = [m for m in (space.micro_batches or micro_batch_choices(share)[0]) if share % m == 0]
@@ -194,13 +164,9 @@ def candidates(space: SearchSpace) -> list[Candidate]:
                 for m in mbs:
                     for sync in GRAD_SYNC_CHOICES:
                         for compiled in space.compiles:
-                            for wanted in space.offloads:
-                                off = _offload_choice(wanted, s)
-                                if off is None:
-                                    continue
-                                out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m,
-                                                     checkpointing=ck, strategy=s, grad_sync=sync, n=space.devices,
-                                                     compile=compiled, offload=off))
+                            out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m,
+                                                 checkpointing=ck, strategy=s, grad_sync=sync, n=space.devices,
+                                                 compile=compiled))
     return out
 
 
@@ -238,15 +204,9 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
             cache[(ap, c.checkpointing)] = act_b
         lk = links(c.precision, c.checkpointing)
-        mem = memory(b, c, act_basis=act_b)
-        t = step_time(b, c, lk, offloaded_activation_bytes=mem.offloaded_activation_bytes)
+        mem, t = memory(b, c, act_basis=act_b), step_time(b, c, lk)
         fits = mem.peak_bytes <= space.budget_bytes
         reasons = []
-        if c.offload:
-            resident = memory(b, dataclasses.replace(c, offload=""), act_basis=act_b)
-            reasons.append(f"offload {c.offload}: frees {fmt_bytes(resident.peak_bytes - mem.peak_bytes)} of the "
-                           f"peak per device, costs {t.offload_s:.3g} s/step over the host link "
-                           f"({lk.host_bytes_per_s / 1e9:.3g} GB/s, copies not overlapped)")
         if c.compile:
             reasons.append(f"compile: compute at {lk.compile_speedup:.3g}x the eager step's speed (measured or "
                            "given); memory as eager (the partitioner saved the same bytes on the GPTs measured)")
@@ -264,14 +224,14 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             checkpointing=c.checkpointing, strategy=c.strategy, grad_sync=c.grad_sync,
             peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
             fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
-            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile, offload=c.offload))
+            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile))
     if not entries:
         raise TrainfitError("plan: no candidate is compatible with the device and device count: "
                             + "; ".join(excluded))
     # Equal predicted times (to 0.1%): prefer the larger micro-batch (fewer launches, better device
     # utilisation, which the FLOP model does not see), then less memory.
     entries.sort(key=lambda e: (not e.fits, round(math.log(e.step_s), 3) if e.fits else e.peak_bytes_per_device,
-                                -e.micro_batch, e.peak_bytes_per_device, bool(e.offload), e.compile))
+                                -e.micro_batch, e.peak_bytes_per_device, e.compile))
     promoted = _prefer_no_recompute(entries)
     notes = _notes(entries, space)
     if promoted:
