@@ -8,7 +8,8 @@ steps (1-based, counted from the start of this process's run):
   finite, which is exactly what an fp16 overflow looks like to the step.
 * ``nan-loss``: the loss value is NaN (so are its gradients).
 
-Use :func:`patch_make_task` to make ``trainfit.run.build_run`` build faulty tasks in-process.
+Use :func:`patch_make_task` to make ``trainfit.run.build_run`` build faulty tasks in-process (it builds its
+task through ``trainfit.tasks.task_of``, which calls ``trainfit.tasks.make_task``).
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ def faulty_task(task, *, bad_steps: set[int], kind: str, accumulation: int):
 
 
 def patch_make_task(monkeypatch, *, bad_steps, kind: str, accumulation: int) -> None:
-    import trainfit.run as train_mod
+    import trainfit.tasks as tasks_mod
 
-    real = train_mod.make_task
+    real = tasks_mod.make_task
 
     def make(*a, **kw):
         return faulty_task(real(*a, **kw), bad_steps=set(bad_steps), kind=kind, accumulation=accumulation)
 
-    monkeypatch.setattr(train_mod, "make_task", make)
+    monkeypatch.setattr(tasks_mod, "make_task", make)
 
 
 def fp16_storm(model_config: str = "", seq_len: int = 16, seed: int = 0):
