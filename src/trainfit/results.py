@@ -511,12 +511,17 @@ class PlanRow(_Typed):
     exposed_comm_s: float = 0.0
     compile: bool = False
     """Compiled per block (``--compile on``); priced at a measured or given speed-up."""
+    offload: str = ""
+    """``--offload`` parts ("" none), priced at the device's host link."""
+    offload_s: float = 0.0
+    """Seconds of the step spent on offload's host copies (not overlapped: an upper bound)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = super().to_dict()
-        if not self.compile:  # said only when on: plans without compile read back the same
-            d.pop("compile", None)
+        for key in ("compile", "offload", "offload_s"):  # said only when on: plans without them read back the same
+            if not d.get(key):
+                d.pop(key, None)
         return d
 
 

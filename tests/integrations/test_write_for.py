@@ -253,3 +253,38 @@ def test_a_compiled_plan_row_is_written_as_each_tools_compile_or_listed(tmp_path
     assert load_config_from_file(str(path)).dynamo_config["dynamo_backend"] == "INDUCTOR"
     row, path, err = _plan(tmp_path, compiled, "lightning", "trainer.json")
     assert "compile: trainfit compiles each repeated block" in err and "torch.compile" in err
+
+
+def test_an_offloaded_plan_row_is_written_as_each_tools_fsdp_offload(tmp_path):
+    """A 70B Llama on 8 devices of 80 GiB fits only with zero3's optimizer and parameters in host memory: each
+    tool's file switches on its FSDP CPU offload, parsed or built by the tool itself."""
+    import inspect
+
+    from accelerate.commands.config.config_args import load_config_from_file
+    from lightning.pytorch.strategies import FSDPStrategy
+    from transformers import TrainingArguments
+
+    big = ["plan", "--model", "llama-70b", "--global-batch", "64", "--seq", "2048", "--device-memory", "80GiB",
+           "--devices", "8", "--strategies", "zero3", "--checkpointings", "full", "--precisions", "bf16-mixed",
+           "--top", "1", "--json", "--basis", "analytic"]
+    row, path, err = _plan(tmp_path, big, "hf-trainer", "args.json")
+    assert row["offload"] == "optimizer,params" and row["offload_s"] > 0
+    kwargs = json.loads(path.read_text())
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **{**kwargs, "ddp_backend": None}, report_to=[],
+                             use_cpu=True)
+    assert args.fsdp_plugin_args["cpu_offload"] is True
+    row, path, err = _plan(tmp_path, big, "accelerate", "acc.yaml")
+    assert load_config_from_file(str(path)).fsdp_config["fsdp_offload_params"] is True
+    row, path, err = _plan(tmp_path, big, "lightning", "pl.json")
+    strategy = FSDPStrategy(**json.loads(path.read_text())["fsdp_strategy"])
+    assert strategy.cpu_offload.offload_params is True
+    assert "cpu_offload" in inspect.signature(FSDPStrategy).parameters
+
+
+def test_offload_a_tool_cannot_express_is_listed():
+    from trainfit.config import make_config
+
+    cfg = make_config({"offload": "optimizer,activations", "micro_batch": 2})
+    for tool in ep.TOOLS:
+        gaps = [g.line() for g in ep.export_plan(tool, cfg, cpu=True).gaps if g.lever == "offload"]
+        assert len(gaps) == 2 and "DeepSpeed" in gaps[0] and "save_on_cpu" in gaps[1], (tool, gaps)

@@ -38,7 +38,7 @@ def test_json_keys_and_write_runs(capsys, tmp_path):
     assert summary.steps == 1 and summary.effective_batch == 8
 
 
-def test_bad_inputs_one_line(capsys):
+def test_bad_inputs_one_line(capsys, tmp_path):
     assert main(["plan", "--global-batch", "30", "--devices", "4", "--device-memory", "1GiB", "--device", "cpu",
                  "--bandwidth-intra", "1GB/s"]) == 2
     err = capsys.readouterr().err
@@ -47,9 +47,16 @@ def test_bad_inputs_one_line(capsys):
     assert "device='tpu9'" in capsys.readouterr().err
     assert main(["plan", "--global-batch", "8", "--device-memory", "80GiB", "--precisions", "fp8"]) == 2
     assert "precisions='fp8'" in capsys.readouterr().err
+    out = tmp_path / "x.toml"
     assert main(["plan", "--model", "llama-70b", "--global-batch", "8", "--seq", "4096", "--device-memory", "80GiB",
-                 "--devices", "8", "--device", "h100", "--write", "x.toml"]) == 2
-    assert "nothing fits" in capsys.readouterr().err
+                 "--devices", "8", "--device", "h100", "--offloads", "none", "--write", str(out)]) == 2
+    assert "nothing fits" in capsys.readouterr().err and not out.exists()
+    assert main(["plan", "--global-batch", "8", "--device-memory", "80GiB", "--offloads", "optimizer,disk"]) == 2
+    assert "offloads='optimizer,disk'" in capsys.readouterr().err
+    assert main(["plan", "--global-batch", "8", "--device-memory", "1GiB", "--device", "cpu",
+                 "--offloads", "optimizer"]) == 2  # a cpu row has no host link unless --calibrate measures one
+    err = capsys.readouterr().err
+    assert "offloads='optimizer'" in err and "--calibrate" in err and err.count("\n") == 1
 
 
 def test_predicted_peak_matches_measured_within_5_percent():

@@ -17,9 +17,9 @@ from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan
 from trainfit.integrations.read_config import plan_job, rank_note, read_from
-from trainfit.meters.devices import DEVICES, device_row, dtypes_of, find_device, measure_loopback
+from trainfit.meters.devices import DEVICES, device_row, dtypes_of, find_device, measure_host_copy, measure_loopback
 from trainfit.plan.basis import OPTIMIZER_BYTES, analytic_basis
-from trainfit.plan.offload import offload_price
+from trainfit.plan.offload import OFFLOAD_CHOICES, offload_price
 from trainfit.plan.rules import Context
 from trainfit.plan.search import (
     CHECKPOINT_CHOICES,
@@ -72,6 +72,12 @@ FILE_DATA_FLAGS = {
 """The flags of ``--data`` jobs plan reads; None when not given (RunConfig's defaults then)."""
 
 
+OFFLOAD_FLAG = {"none": "", "optimizer": "optimizer", "activations": "activations",
+                "optimizer+activations": "activations,optimizer"}
+"""``plan --offloads`` names -> ``SearchSpace.offloads`` settings (``plan.offload.OFFLOAD_CHOICES``); under zero3
+"optimizer" runs as ``--offload optimizer,params``."""
+assert sorted(OFFLOAD_FLAG.values()) == sorted(OFFLOAD_CHOICES)
+
 FAST_DEFAULT_CHECKPOINTINGS = ("none", "full")
 """The checkpointing policies searched by default when the basis is traced (``--basis fast``)."""
 
@@ -113,6 +119,9 @@ def register(sub) -> None:
     p.add_argument("--precisions", help=f"comma-separated subset of {', '.join(PRECISION_CHOICES)} (default: all)")
     p.add_argument("--checkpointings", help=f"comma-separated subset of {', '.join(CHECKPOINT_CHOICES)}, or every:K, "
                                             "selective, budget:F (default: none, every:2, full; none, full for a traced basis)")
+    p.add_argument("--offloads", help="comma-separated subset of " + ", ".join(OFFLOAD_FLAG)
+                   + ": what the search may keep in host memory, each priced at the host link (default: all of them "
+                     "where the device row has a host link or --calibrate measures one on cpu; none otherwise)")
     p.add_argument("--strategies", help=f"comma-separated subset of {', '.join(STRATEGY_CHOICES)} (default: all)")
     p.add_argument("--top", default="10", help="entries to show")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -134,6 +143,22 @@ def _int(name: str, text: str, minimum: int = 1) -> int:
     if v < minimum:
         raise ConfigError(name, text, f"an integer >= {minimum}")
     return v
+
+
+def _offloads(text: str | None, row, *, calibrate: bool) -> tuple[str, ...] | None:
+    """``--offloads``: the settings to search (None: the default, decided once the host link is known)."""
+    if text is None:
+        return None
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in OFFLOAD_FLAG]
+    if bad or not names:
+        raise ConfigError("offloads", text, "comma-separated " + ", ".join(OFFLOAD_FLAG))
+    chosen = tuple(dict.fromkeys(OFFLOAD_FLAG[x] for x in names))
+    if any(chosen) and row.host_bytes_per_s is None and not calibrate:
+        raise ConfigError("offloads", text, "none without a host link to price the copies",
+                          f"device {row.name} has no host link in the table: with --device cpu pass --calibrate "
+                          "(it measures the host copy), or --offloads none")
+    return chosen
 
 
 def _compile_speedup(text: str | None, row) -> float | str | None:
@@ -293,6 +318,7 @@ def check_flags(args) -> dict:
         found=(found, overridden) if found is not None else None,
     )
     flags["compile_speedup"] = _compile_speedup(getattr(args, "compile_speedup", None), flags["row"])
+    flags["offloads"] = _offloads(getattr(args, "offloads", None), flags["row"], calibrate=args.calibrate)
     if args.basis not in BASIS_SOURCES:
         raise ConfigError("basis", args.basis, BASIS_SOURCES)
     if args.calibrate and flags["row"].peak_row is not None:
@@ -308,9 +334,15 @@ def make_plan(args, flags: dict | None = None):
     flags = check_flags(args) if flags is None else flags
     devices, nodes, row, subsets = flags["devices"], flags["nodes"], flags["row"], flags["subsets"]
     speedup = flags.get("compile_speedup")
+    host_bw = row.host_bytes_per_s
+    if host_bw is None and args.calibrate:
+        host_bw = measure_host_copy()  # cpu: offload's copies are memcpys (~0.1 s to measure)
+    offloads = flags.get("offloads")
+    if offloads is None:  # default: every setting where the copies can be priced
+        offloads = OFFLOAD_CHOICES if host_bw else ("",)
     space = SearchSpace(global_batch=flags["global_batch"], devices=devices, memory_bytes=flags["memory_bytes"],
                         headroom=flags["headroom"], compiles=(False,) if speedup is None else (False, True),
-                        **subsets)
+                        offloads=offloads, **subsets)
     seq = flags["seq"]
     job = {"lora": args.lora, "freeze": args.freeze,
            **{k: getattr(args, k) for k in FILE_DATA_FLAGS if getattr(args, k, None) is not None}}
@@ -368,7 +400,9 @@ def make_plan(args, flags: dict | None = None):
         # its one-way latency is one ring step (as measure/scaleout.py uses it without a live group).
         loop_bw, latency_s = measure_loopback()
         intra = intra or loop_bw
-    links = links_provider(row, nodes=nodes, devices=devices, intra=intra, inter=flags["inter"], latency_s=latency_s)
+    links = links_provider(row, nodes=nodes, devices=devices, intra=intra, inter=flags["inter"], latency_s=latency_s,
+                           host_bytes_per_s=host_bw)
+    header.append(_offload_source(offloads, host_bw, row))
     dist_rows = ()
     with contextlib.ExitStack() as scope:
         if args.calibrate:
@@ -396,7 +430,7 @@ def make_plan(args, flags: dict | None = None):
         result = search(space, ctx=ctx, basis=basis, links=links)
     result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
-    if result.entries:
+    if result.entries and space.offloads == ("",):  # not searched: what it would free and cost, in words
         result.notes.extend(_offload_notes(result, basis, row, space, base))
     if dist_rows:
         fitted = ", ".join(f"{s}/{sync} {ps * 1e3:+.1f} ms/step {pm * 1e3:+.1f} ms/micro-batch"
@@ -445,6 +479,8 @@ def plan_config(entry, base, *, devices: int, global_batch: int):
         values["global_batch"] = global_batch
     if entry.compile:
         values["compile"] = True
+    if entry.offload:
+        values["offload"] = entry.offload
     return make_config(values, base=base)
 
 
@@ -496,9 +532,22 @@ def run(args) -> int:
     return 0
 
 
+def _offload_source(offloads: tuple[str, ...], host_bw: float | None, row) -> str:
+    """The plan's source line for offload: what was searched, and the host link it is priced at."""
+    searched = [x for x in offloads if x]
+    if not searched:
+        why = ("--offloads none" if host_bw else f"device {row.name} has no host link to price its copies"
+               + (" (pass --calibrate to measure this machine's)" if row.peak_row is None else ""))
+        return f"offload: not searched ({why})"
+    link = (f"{host_bw / 1e9:.3g} GB/s per direction, "
+            + ("the device row's datasheet host link" if row.host_bytes_per_s else "a host copy measured on this CPU"))
+    return (f"offload: searched {', '.join(x.replace(',', '+') for x in searched)} (zero3 moves params with the "
+            f"optimizer; zero1 offloads activations only), priced at {link}; copies not overlapped (an upper bound)")
+
+
 def _offload_notes(result, basis, row, space, base) -> list[str]:
-    """What offload would free and cost for the best plan (or, when nothing fits, the smallest): priced by the
-    host link of the device row (``plan.offload``); offload is not (yet) a dimension of the search."""
+    """What offload would free and cost for the best plan (or, when nothing fits, the smallest), when the search
+    did not try it (``--offloads none``, or no host link): priced by the device row's host link, if any."""
     e = result.best or min(result.entries, key=lambda x: x.peak_bytes_per_device)
     if e.strategy == "zero1":
         return []

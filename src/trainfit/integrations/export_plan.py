@@ -33,11 +33,13 @@ from trainfit.vocabulary import (
     EveryKthBlock,
     GradSync,
     NoCheckpointing,
+    OffloadPart,
     Optimizer,
     PrecisionName,
     Schedule,
     StrategyName,
     mixed_counterpart,
+    parse_offload,
     precision_facts,
     strategy_facts,
 )
@@ -227,6 +229,8 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     if fsdp_config is not None:
         args["fsdp"] = True
         args["fsdp_config"] = fsdp_config
+        if OffloadPart.OPTIMIZER in parse_offload(cfg.offload):
+            fsdp_config["cpu_offload"] = True  # FSDP2's CPUOffloadPolicy: sharded params, grads and the step
         if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
             args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     if cfg.strategy == StrategyName.ZERO1:
@@ -237,11 +241,30 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes per node x {nodes} node(s)",
                         instead=f"not a TrainingArguments field: launch the script with torchrun "
                                 f"--nproc_per_node={cfg.devices} --nnodes={nodes}"))
+    gaps += _offload_gaps(cfg, "fsdp_config cpu_offload")
     if cfg.compile:
         args["torch_compile"] = True
         gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
     text = json.dumps(args, indent=2) + "\n"
     return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+
+
+def _offload_gaps(cfg: RunConfig, fsdp_setting: str) -> list[Gap]:
+    """What of ``cfg.offload`` a tool cannot express (FSDP's own offload it takes: ``fsdp_setting``)."""
+    parts = parse_offload(cfg.offload)
+    gaps = []
+    if OffloadPart.OPTIMIZER in parts and not strategy_facts(cfg.strategy).fsdp:
+        gaps.append(Gap(lever="offload", trainfit="keeps the fp32 master, gradients' host copies and the optimizer "
+                                                  "state in host memory and steps the optimizer there (single/ddp)",
+                        instead="no optimizer-only offload outside DeepSpeed ZeRO-Offload: the optimizer state stays "
+                                f"on the device (the plan's device peak does not hold); {fsdp_setting} offloads only "
+                                "under FSDP (trainfit's zero2/zero3)"))
+    if OffloadPart.ACTIVATIONS in parts:
+        gaps.append(Gap(lever="offload", trainfit="copies every tensor saved for backward to host memory "
+                                                  "(torch.autograd.graph.save_on_cpu's scheme)",
+                        instead="no setting for it without checkpointing: wrap the model's forward in "
+                                "torch.autograd.graph.save_on_cpu(pin_memory=True) in the script"))
+    return gaps
 
 
 def _compile_gap(instead: str) -> Gap:
@@ -287,7 +310,7 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": s.reshard_after_forward,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_offload_params": False,
+            "fsdp_offload_params": OffloadPart.OPTIMIZER in parse_offload(cfg.offload),
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": False,
             "fsdp_activation_checkpointing": isinstance(ckpt, EveryBlock),
@@ -318,6 +341,7 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_zero1_gap("accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP with the "
                                "optimizer state replicated (or wrap the optimizer in "
                                "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
+    gaps += _offload_gaps(cfg, "fsdp_offload_params")
     if cfg.compile:
         values["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
         gaps.append(_compile_gap("dynamo_config (backend INDUCTOR) makes accelerator.prepare compile the whole model"))
@@ -385,6 +409,8 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     if s.fsdp:
         values["fsdp_strategy"] = {"sharding_strategy": "FULL_SHARD" if s.reshard_after_forward else "SHARD_GRAD_OP",
                                    "state_dict_type": "sharded"}
+        if OffloadPart.OPTIMIZER in parse_offload(cfg.offload):
+            values["fsdp_strategy"]["cpu_offload"] = True
         gaps.append(Gap(lever="strategy", trainfit=f"runs {cfg.strategy} on FSDP2 (fully_shard)",
                         instead=f"Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel) with "
                                 f"sharding_strategy={values['fsdp_strategy']['sharding_strategy']}: the same "
@@ -405,6 +431,7 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_token_gap("Lightning divides each training_step loss by accumulate_grad_batches: a mean of means "
                                "unless training_step returns the micro-batch's sum over the window's token count "
                                "times accumulate_grad_batches"))
+    gaps += _offload_gaps(cfg, "FSDPStrategy(cpu_offload=True)")
     if cfg.compile:
         gaps.append(_compile_gap("Trainer and Fabric take no compile argument: call torch.compile on the model (or "
                                  "on each block) in the script"))

@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainfit.plan import comm
+from trainfit.plan.offload import offload_price
 from trainfit.vocabulary import PRECISIONS, GradSync, PrecisionName, precision_facts, strategy_facts
 
 
@@ -84,6 +85,9 @@ class Candidate:
     """Data-parallel degree (devices)."""
     compile: bool = False
     """``torch.compile`` per block (``levers/compile.py``): compute priced at ``Links.compile_speedup``."""
+    offload: str = ""
+    """``--offload`` parts, comma-separated and sorted ("" none): what rests in host memory
+    (``levers/offload.py``; the settings each strategy runs: ``plan.offload.offload_choices``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +98,8 @@ class Memory:
     activations_bytes: float
     temporaries_bytes: float
     peak_bytes: float
+    offloaded_activation_bytes: float = 0.0
+    """Activations saved for backward per micro-batch that ``--offload activations`` keeps in host memory."""
 
     def parts(self) -> dict[str, float]:
         return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
@@ -148,9 +154,25 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     # The optimizer step's temporaries follow the tensors it steps: a rank of a strategy that shards the state
     # steps 1/n of them (foreach, the CUDA default, holds temporaries for all of them at once).
     step_temp = b.step_temp_bytes / n if "optimizer" in sharded else b.step_temp_bytes
+    offloaded_act = 0.0
+    parts = set(c.offload.split(",")) - {""}
+    if "optimizer" in parts:
+        # The optimizer state (and any fp32 master) rests in host memory and the step runs there: none of it,
+        # nor the step's temporaries, on the device. FSDP2's CPUOffloadPolicy also keeps the sharded parameters
+        # and their sharded gradients on the host: the device holds what it gathers (zero2 the whole compute
+        # copy through backward, zero3 one unit at a time) and the unsharded gradients a deferred window
+        # accumulates across its micro-batches.
+        opt, step_temp = 0.0, 0.0
+        if facts.fsdp:
+            params = unit_compute if facts.reshard_after_forward else b.n_params * b.compute_bytes_per_param
+            deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
+            grads = step_grads = b.grads_bytes if deferred else 0.0
+    if "activations" in parts:  # saved for backward in host memory, brought back one op at a time in backward
+        # (fp32 without checkpointing only: plan.rules says why)
+        offloaded_act, act = act, 0.0
     peak = max(params + grads + opt + act + temp, params + step_grads + opt + step_temp)
     return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
-                  temporaries_bytes=temp, peak_bytes=peak)
+                  temporaries_bytes=temp, peak_bytes=peak, offloaded_activation_bytes=offloaded_act)
 
 
 def activation_precision(strategy: str, precision: str) -> str:
@@ -183,6 +205,9 @@ class Links:
     """Fixed cost per forward+backward (launches, Python), measured or 0."""
     per_step_s: float = 0.0
     """Fixed cost per optimizer step (the update, zeroing), measured or 0."""
+    host_bytes_per_s: float | None = None
+    """One-direction device-host bandwidth (the device row's datasheet link, or ``measure_host_copy`` on this
+    CPU under ``--calibrate``): offload's copies are priced at it; None: offload is not priced, so not searched."""
     compile_speedup: float = 1.0
     """Eager step / compiled step, measured (``--compile-speedup measure`` on CPU) or given by the user; a
     compiled candidate's compute (FLOPs and the per-step and per-micro-batch costs, not the communication)
@@ -210,6 +235,8 @@ class Time:
     scaling_efficiency: float
     overhead_s: float = 0.0
     """Measured distributed overhead beyond compute and modelled communication (Links.dist_overhead)."""
+    offload_s: float = 0.0
+    """The host copies of ``--offload`` (:func:`offload_seconds`), not overlapped with compute."""
     """compute / step: the share of the step the devices spend computing (1 = perfect scaling)."""
 
 
@@ -217,7 +244,24 @@ BACKWARD_SHARE = 2 / 3
 """Backward is ~2/3 of forward+backward FLOPs (two matmuls per forward matmul)."""
 
 
-def step_time(b: Basis, c: Candidate, links: Links) -> Time:
+def offload_seconds(b: Basis, c: Candidate, links: Links, *, activation_bytes: float = 0.0) -> float:
+    """Seconds per step of ``c.offload``'s host copies (``plan.offload``: down and up summed, not overlapped
+    with compute -- an upper bound); 0 without offload. ``activation_bytes``: saved per micro-batch."""
+    if not c.offload:
+        return 0.0
+    facts = precision_facts(c.precision)
+    weight, _, master, _ = facts.bytes_per_param
+    price = offload_price(parts=set(c.offload.split(",")), strategy=c.strategy, n_params=b.n_trainable or b.n_params,
+                          world_size=c.n, accumulation=c.accumulation, weight_bytes=weight,
+                          master_bytes_per_param=master,  # the optimizer state stays put: no copies
+                          activation_bytes_per_micro_batch=int(activation_bytes), grad_sync=c.grad_sync,
+                          host_bytes_per_s=links.host_bytes_per_s)
+    if price.seconds_per_step is None:
+        raise ValueError(f"offload {c.offload!r} is priced at the host link, and these links have none")
+    return price.seconds_per_step
+
+
+def step_time(b: Basis, c: Candidate, links: Links, *, offloaded_activation_bytes: float = 0.0) -> Time:
     samples = c.micro_batch * c.accumulation
     compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
@@ -241,9 +285,10 @@ def step_time(b: Basis, c: Candidate, links: Links) -> Time:
         small_s = 2 * (c.n - 1) * calls.small_all_reduce * links.latency_s
     exposed = max(0.0, comm_s - links.overlap * BACKWARD_SHARE * compute) + small_s
     comm_s += small_s
-    step = compute + exposed + overhead
+    offload = offload_seconds(b, c, links, activation_bytes=offloaded_activation_bytes)
+    step = compute + exposed + overhead + offload
     return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
-                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead)
+                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead, offload_s=offload)
 
 
 def _per_step_only(strategy: str) -> bool:

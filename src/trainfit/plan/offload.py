@@ -94,6 +94,34 @@ class OffloadPrice:
         return f"offload {parts}: frees {fmt_bytes(self.frees_device_bytes)} per device, {cost}"
 
 
+OFFLOAD_CHOICES = ("", "optimizer", "activations", "activations,optimizer")
+"""What the planner offers to offload ("" nothing); under zero3 "optimizer" runs as "optimizer,params"."""
+
+
+def offload_choices(strategy: str) -> tuple[str, ...]:
+    """The ``--offload`` settings of OFFLOAD_CHOICES that ``strategy`` runs, spelled as it runs them.
+
+    The rules of ``levers/offload.OffloadPlan``, restated because the planner imports no torch (a test holds
+    the two equal): zero3 moves the parameters with the optimizer state (FSDP2's policy moves both), zero1
+    cannot offload its optimizer (its broadcast sends device tensors), params alone never.
+    """
+    strategy = StrategyName(strategy)
+    if strategy == StrategyName.ZERO1:
+        return tuple(x for x in OFFLOAD_CHOICES if OffloadPart.OPTIMIZER not in x.split(","))
+    if strategy == StrategyName.ZERO3:
+        return tuple(",".join(sorted([*x.split(","), OffloadPart.PARAMS])) if OffloadPart.OPTIMIZER in x.split(",")
+                     else x for x in OFFLOAD_CHOICES)
+    return OFFLOAD_CHOICES
+
+
+def offload_as_run(wanted: str, strategy: str) -> str | None:
+    """``wanted`` (one of OFFLOAD_CHOICES) as ``strategy`` runs it (zero3 adds params), or None where it cannot."""
+    for choice in offload_choices(strategy):
+        if set(choice.split(",")) - {OffloadPart.PARAMS} == set(wanted.split(",")):
+            return choice
+    return None
+
+
 def offload_price(*, parts: frozenset[OffloadPart] | set[str], strategy: str, n_params: int, world_size: int = 1,
                   accumulation: int = 1, weight_bytes: int = 4, grad_bytes: int | None = None,
                   state_bytes_per_param: int = 8, master_bytes_per_param: int = 0,
@@ -138,4 +166,4 @@ def offload_price(*, parts: frozenset[OffloadPart] | set[str], strategy: str, n_
     return OffloadPrice(traffic=tuple(out), host_bytes_per_s=host_bytes_per_s)
 
 
-__all__ = ["OffloadTraffic", "OffloadPrice", "offload_price"]
+__all__ = ["OFFLOAD_CHOICES", "OffloadTraffic", "OffloadPrice", "offload_as_run", "offload_choices", "offload_price"]

@@ -10,12 +10,14 @@ global batch is fixed, so the shortest step is the highest throughput), then by 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.plan.cost import Basis, Candidate, Links, activation_precision, memory, step_time
+from trainfit.plan.offload import OFFLOAD_CHOICES, offload_as_run
 from trainfit.plan.rules import Context, broken_rules
 from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync
@@ -44,6 +46,10 @@ class SearchSpace:
     compiles: tuple[bool, ...] = (False,)
     """Eager and/or ``torch.compile``d candidates; compiled ones only where a speed-up is known (measured or
     given: ``Links.compile_speedup``) -- an unpriced lever is not searched."""
+    offloads: tuple[str, ...] = ("",)
+    """``--offload`` settings to try, of ``plan.offload.OFFLOAD_CHOICES`` ("" nothing); each strategy runs those
+    ``offload_choices`` allows (zero3 with params). Priced at ``Links.host_bytes_per_s``: where the links
+    have none, offloaded candidates are excluded with that reason."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "devices", "memory_bytes"):
@@ -53,6 +59,10 @@ class SearchSpace:
         h = self.headroom  # NaN fails both comparisons; a string or a bool is refused before comparing
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise ConfigError("headroom", h, "a number in [0, 1)")
+        bad = [o for o in self.offloads if o not in OFFLOAD_CHOICES]
+        if bad or not self.offloads:
+            raise ConfigError("offloads", ";".join(self.offloads), "settings of " + ", ".join(
+                repr(o) for o in OFFLOAD_CHOICES))
         if self.global_batch % self.devices:
             raise ConfigError("global-batch", self.global_batch, f"a multiple of devices={self.devices}",
                               explain_batch(self.global_batch, self.devices))
@@ -132,11 +142,16 @@ class PlanEntry:
     exposed_comm_s: float = 0.0
     compile: bool = False
     """Compiled per block (``trainfit train --compile on``)."""
+    offload: str = ""
+    """``--offload`` parts ("" none), priced at the host link."""
+    offload_s: float = 0.0
+    """Seconds of the step spent on offload's host copies (not overlapped)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
-        if not self.compile:  # said only when on: plans without compile read back the same
-            del d["compile"]
+        for key in ("compile", "offload", "offload_s"):  # said only when on: plans without them read back the same
+            if not d[key]:
+                del d[key]
         return d
 
 
@@ -164,9 +179,13 @@ def candidates(space: SearchSpace) -> list[Candidate]:
                 for m in mbs:
                     for sync in GRAD_SYNC_CHOICES:
                         for compiled in space.compiles:
-                            out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m,
-                                                 checkpointing=ck, strategy=s, grad_sync=sync, n=space.devices,
-                                                 compile=compiled))
+                            for wanted in space.offloads:
+                                off = offload_as_run(wanted, s)
+                                if off is None:  # zero1 + optimizer: not a setting the strategy runs
+                                    continue
+                                out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m,
+                                                     checkpointing=ck, strategy=s, grad_sync=sync, n=space.devices,
+                                                     compile=compiled, offload=off))
     return out
 
 
@@ -204,9 +223,19 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
             cache[(ap, c.checkpointing)] = act_b
         lk = links(c.precision, c.checkpointing)
-        mem, t = memory(b, c, act_basis=act_b), step_time(b, c, lk)
+        if c.offload and not lk.host_bytes_per_s:
+            key = "offload: requires a known host link (the device row's, or --calibrate on cpu) to price its copies"
+            excluded[key] = excluded.get(key, 0) + 1
+            continue
+        mem = memory(b, c, act_basis=act_b)
+        t = step_time(b, c, lk, offloaded_activation_bytes=mem.offloaded_activation_bytes)
         fits = mem.peak_bytes <= space.budget_bytes
         reasons = []
+        if c.offload:
+            resident = memory(b, dataclasses.replace(c, offload=""), act_basis=act_b)
+            reasons.append(f"offload {c.offload}: frees {fmt_bytes(resident.peak_bytes - mem.peak_bytes)} of the "
+                           f"peak per device, costs {t.offload_s:.3g} s/step over the host link at "
+                           f"{lk.host_bytes_per_s / 1e9:.3g} GB/s (copies not overlapped: an upper bound)")
         if c.compile:
             reasons.append(f"compile: compute at {lk.compile_speedup:.3g}x the eager step's speed (measured or "
                            "given); memory as eager (the partitioner saved the same bytes on the GPTs measured)")
@@ -224,14 +253,16 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             checkpointing=c.checkpointing, strategy=c.strategy, grad_sync=c.grad_sync,
             peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
             fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
-            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile))
+            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile, offload=c.offload,
+            offload_s=t.offload_s))
     if not entries:
         raise TrainfitError("plan: no candidate is compatible with the device and device count: "
                             + "; ".join(excluded))
-    # Equal predicted times (to 0.1%): prefer the larger micro-batch (fewer launches, better device
-    # utilisation, which the FLOP model does not see), then less memory.
+    # Equal predicted times (to 0.1%): prefer no offload (its copies are priced as an upper bound, and a
+    # tiny one rounds away), then the larger micro-batch (fewer launches, better device utilisation, which
+    # the FLOP model does not see), then less memory.
     entries.sort(key=lambda e: (not e.fits, round(math.log(e.step_s), 3) if e.fits else e.peak_bytes_per_device,
-                                -e.micro_batch, e.peak_bytes_per_device, e.compile))
+                                bool(e.offload), -e.micro_batch, e.peak_bytes_per_device, e.compile))
     promoted = _prefer_no_recompute(entries)
     notes = _notes(entries, space)
     if promoted:
@@ -272,7 +303,8 @@ def _notes(entries: list[PlanEntry], space: SearchSpace) -> list[str]:
     if best.fits:
         notes = [f"best: {best.precision}, micro-batch {best.micro_batch} x accumulation {best.accumulation} x "
                  f"{space.devices} devices = global batch {space.global_batch}, checkpointing {best.checkpointing}, "
-                 f"{best.strategy}: {best.step_s:.4g} s/step, peak {fmt_bytes(best.peak_bytes_per_device)} per device"]
+                 f"{best.strategy}{', compiled' if best.compile else ''}{', offload ' + best.offload if best.offload else ''}: "
+                 f"{best.step_s:.4g} s/step, peak {fmt_bytes(best.peak_bytes_per_device)} per device"]
         if best.exposed_comm_s > 0.25 * best.compute_s:
             notes.append(f"the interconnect decides throughput here: {best.exposed_comm_s:.3g} s of the "
                          f"{best.step_s:.3g} s step is communication not hidden behind compute "

@@ -305,8 +305,11 @@ def basis_provider(base_cfg: RunConfig, *, source: str = "auto",
 
 
 def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | None, inter: float | None,
-                   latency_s: float = 0.0, overhead_s: float = 0.0) -> Callable[[str], Links]:
-    """``links(precision)``: achievable FLOP/s for its dtype and the ring's slowest hop."""
+                   latency_s: float = 0.0, overhead_s: float = 0.0,
+                   host_bytes_per_s: float | None = None) -> Callable[[str], Links]:
+    """``links(precision)``: achievable FLOP/s for its dtype, the ring's slowest hop and the host link
+    (``host_bytes_per_s``, default the row's datasheet link; None on a CPU row: offload not priced)."""
+    host = host_bytes_per_s or row.host_bytes_per_s
     intra = intra or row.intra_bytes_per_s
     inter = inter or row.inter_bytes_per_s
     bw = inter if nodes > 1 else intra
@@ -327,6 +330,6 @@ def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | N
 
     def links(p: str, ck: str = "none") -> Links:
         return Links(flops_per_s=rate(precision_facts(p).compute), bandwidth_bytes_per_s=bw or 1.0, latency_s=latency_s,
-                     overlap=row.overlap, overhead_per_micro_batch_s=overhead_s)
+                     overlap=row.overlap, overhead_per_micro_batch_s=overhead_s, host_bytes_per_s=host)
 
     return links
