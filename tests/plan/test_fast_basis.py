@@ -125,3 +125,33 @@ def test_an_encoder_decoder_takes_the_block_shortcut_and_equals_its_full_depth_t
         planned = memory(fast, Candidate(precision="bf16-mixed", micro_batch=mb, accumulation=acc,
                                          checkpointing="none", strategy="single", grad_sync="deferred", n=1))
         assert planned.peak_bytes == pytest.approx(full.peak_bytes, rel=0.02), (mb, acc)
+
+
+def test_fp32_is_traced_only_when_one_of_its_rows_could_rank_first(capsys):
+    """On an H100 a traced default plan searches the half precisions first; fp32's traces are made only when its
+    fastest possible step (FLOPs at fp32's rate) is not slower than the best plan found without it. When they
+    are skipped, pricing fp32 anyway changes no ranking of the others and no fp32 row comes first."""
+    from trainfit.cli import main
+
+    def plan(*extra):
+        assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device",
+                     "h100", "--offloads", "none", "--top", "400", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    everything = ["--precisions", "fp32,bf16-mixed,fp16-mixed,bf16-true,fp16-true"]
+    for job in (["--global-batch", "64", "--device-memory", "40MiB"], ["--global-batch", "8", "--device-memory", "1GiB"]):
+        default, priced = plan(*job), plan(*job, *everything)
+        skipped = [n for n in default["notes"] if n.startswith("precisions: fp32 not traced")]
+        assert skipped and {r["precision"] for r in default["plans"]} == {"bf16-mixed", "fp16-mixed", "bf16-true",
+                                                                       "fp16-true"}
+        assert priced["plans"][0]["precision"] != "fp32"
+        others = [r for r in priced["plans"] if r["precision"] != "fp32"]
+        assert [(r["precision"], r["micro_batch"], r["checkpointing"], r["strategy"], r["grad_sync"]) for r in others] == \
+            [(r["precision"], r["micro_batch"], r["checkpointing"], r["strategy"], r["grad_sync"]) for r in default["plans"]]
+        floor = float(skipped[0].split("is ")[1].split(" s,")[0])
+        fp32 = [r["step_s"] for r in priced["plans"] if r["precision"] == "fp32"]
+        assert fp32 and min(fp32) >= floor * (1 - 1e-3), (min(fp32), floor)  # (the note prints 4 digits)
+    # A budget nothing in half precision fits: fp32 is traced after all, and said so.
+    assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device", "h100",
+                 "--offloads", "none", "--global-batch", "8", "--device-memory", "1MiB"]) == 2
+    assert "precisions: fp32 traced too, after the others: nothing fits without it" in capsys.readouterr().err

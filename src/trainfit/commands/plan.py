@@ -52,6 +52,7 @@ from trainfit.vocabulary import (
     EveryKthBlock,
     MemoryBudget,
     OffloadPart,
+    PrecisionName,
     Optimizer,
     SelectiveOps,
     choices,
@@ -375,6 +376,10 @@ def make_plan(args, flags: dict | None = None):
         space = dataclasses.replace(space, checkpointings=FAST_DEFAULT_CHECKPOINTINGS)
         header.append(f"checkpointing searched: {', '.join(FAST_DEFAULT_CHECKPOINTINGS)} (every:2 traces twice the "
                       "blocks, so a traced basis leaves it out unless asked: --checkpointings none,every:2,full)")
+    full_space = space
+    deferred = used == "fast" and "precisions" not in subsets and not flags["found"] and _fp32_slow(row)
+    if deferred:  # fp32's two traces are made only if its rows could rank first (checked after the search)
+        space = dataclasses.replace(space, precisions=tuple(p for p in space.precisions if p != PrecisionName.FP32))
     if used == "fast":  # every pair the search will ask for, traced in parallel (or read from the cache)
         t0 = time.perf_counter()
         pairs = needed_pairs(space, ctx)
@@ -428,6 +433,22 @@ def make_plan(args, flags: dict | None = None):
             links, compile_note = _with_compile_speedup(links, base, speedup)
             header.append(compile_note)
         result = search(space, ctx=ctx, basis=basis, links=links)
+        if deferred:
+            floor = _fp32_floor_s(basis(*needed_pairs(space, ctx)[0]), links, full_space)
+            best = result.best
+            if best is not None and floor > best.step_s:
+                header.append(f"precisions: fp32 not traced: its fastest possible step here (the model's FLOPs at "
+                              f"fp32's rate on {row.name}, no recompute, no communication) is {floor:.4g} s, slower "
+                              f"than the best plan's {best.step_s:.4g} s, so no fp32 row can rank first "
+                              "(--precisions to price it anyway)")
+            else:  # fp32 could win (or nothing fits without it): trace its pairs too and search again
+                header.append("precisions: fp32 traced too, after the others: " + (
+                    "nothing fits without it" if best is None else
+                    f"its fastest possible step ({floor:.4g} s) is not slower than the best plan without it "
+                    f"({best.step_s:.4g} s)"))
+                space = full_space
+                bases.update(prefetch(base, needed_pairs(space, ctx), target=row.name))
+                result = search(space, ctx=ctx, basis=basis, links=links)
     result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
     if result.entries and space.offloads == ("",):  # not searched: what it would free and cost, in words
@@ -530,6 +551,24 @@ def run(args) -> int:
     if write is not None:
         print(f"wrote {write}: run it with `trainfit train {write}`", file=sys.stderr)
     return 0
+
+
+def _fp32_slow(row) -> bool:
+    """A GPU row whose half precision runs at least twice fp32's dense peak: there a traced default plan searches
+    the half precisions first and traces fp32 only if :func:`_fp32_floor_s` says an fp32 row could rank first."""
+    peak = find_device(row.peak_row) if row.peak_row else None
+    if peak is None or "fp32" not in peak.peak_tflops:
+        return False
+    return max(peak.peak_tflops.get(d, 0.0) for d in ("bf16", "fp16")) >= 2 * peak.peak_tflops["fp32"]
+
+
+def _fp32_floor_s(b, links, space) -> float:
+    """A lower bound on any fp32 row's step: the model's FLOPs for the per-device share at fp32's achievable
+    rate (no recompute, no overheads, no communication), compiled at the speed-up searched, if any. The FLOPs
+    count shapes, so any precision's basis gives them."""
+    lk = links(PrecisionName.FP32, "none")
+    speedup = max(1.0, lk.compile_speedup) if True in space.compiles else 1.0
+    return b.model_flops_per_sample * (space.global_batch // space.devices) / lk.flops_per_s / speedup
 
 
 def _offload_source(offloads: tuple[str, ...], host_bw: float | None, row) -> str:
