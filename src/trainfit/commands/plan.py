@@ -49,6 +49,7 @@ from trainfit.tasks import make_task
 from trainfit.tasks.files import DataSpec, TextData, check_model_fits, load_text_data
 from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import (
+    Dtype,
     EveryKthBlock,
     MemoryBudget,
     OffloadPart,
@@ -557,9 +558,9 @@ def _fp32_slow(row) -> bool:
     """A GPU row whose half precision runs at least twice fp32's dense peak: there a traced default plan searches
     the half precisions first and traces fp32 only if :func:`_fp32_floor_s` says an fp32 row could rank first."""
     peak = find_device(row.peak_row) if row.peak_row else None
-    if peak is None or "fp32" not in peak.peak_tflops:
+    if peak is None or Dtype.FP32 not in peak.peak_tflops:
         return False
-    return max(peak.peak_tflops.get(d, 0.0) for d in ("bf16", "fp16")) >= 2 * peak.peak_tflops["fp32"]
+    return max(peak.peak_tflops.get(d, 0.0) for d in (Dtype.BF16, Dtype.FP16)) >= 2 * peak.peak_tflops[Dtype.FP32]
 
 
 def _fp32_floor_s(b, links, space) -> float:

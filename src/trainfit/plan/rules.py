@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainfit.plan.cost import Candidate
-from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync, precision_facts, refusal
+from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync, PrecisionName, precision_facts, refusal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +72,7 @@ RULES: tuple[Rule, ...] = (
                 "does not separate (measured: device peaks 4-26% above the prediction). Offload and checkpointing "
                 "are two answers to one part: checkpointing is searched for the rest",
          applies=lambda c: "activations" in c.offload.split(","),
-         holds=lambda c, x: c.checkpointing == "none" and c.precision == "fp32"),
+         holds=lambda c, x: c.checkpointing == "none" and c.precision == PrecisionName.FP32),
     *_strategy_precision_rows(),
 )
 

@@ -190,6 +190,15 @@ def _model_flops(base_cfg: RunConfig, precision: str, target: str, use_cache: bo
     return fast_basis(base_cfg, precision, "none", target=target, use_cache=use_cache).hardware_flops_per_sample
 
 
+def _window_reports():
+    """``trainfit.probes.estimate.window_reports``, imported on first use."""
+    # lazy: the estimator builds runs (torch.distributed.tensor, a model's library); a plan whose bases are all
+    # cached needs none of it (seconds of imports on a small machine)
+    from trainfit.probes.estimate import window_reports
+
+    return window_reports
+
+
 def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, target: str = "cpu",
                use_cache: bool = True) -> Basis:
     """The basis of ``base_cfg``'s model for one (precision, checkpointing) pair: from the cache, or traced."""
@@ -202,12 +211,8 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
         cached = read_cached(key)
         if cached is not None:
             return _as_cached(cached)
-    # lazy: the estimator builds runs (torch.distributed.tensor, a model's library); a plan whose bases are all
-    # cached needs none of it (seconds of imports on a small machine)
-    from trainfit.probes.estimate import window_reports
-
     t0 = time.perf_counter()
-    (r1, r2, q1, q2), how, hw_flops, kernel_lines = window_reports(cfg, target=target)
+    (r1, r2, q1, q2), how, hw_flops, kernel_lines = _window_reports()(cfg, target=target)
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
     model_flops = hw_flops if checkpointing == "none" else _model_flops(base_cfg, precision, target, use_cache)
     n_blocks, n_tensors, max_unit = model_units(dataclasses.replace(cfg, precision=base_cfg.precision,
@@ -270,7 +275,7 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
     else:
         # the model's library and the estimator imported once here: the forked workers start with them
         model_units(_pair_cfg(base_cfg, *missing[0]))
-        from trainfit.probes.estimate import window_reports  # noqa: F401 -- imported before forking
+        _window_reports()  # imported before forking
         if progress is not None:
             progress(f"tracing the basis of {len(missing)} (precision, checkpointing) pairs on {workers} processes, "
                      f"cached in {cache_dir()} ...")
