@@ -121,15 +121,17 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     if "optimizer" in sharded:
         opt /= n
 
+    # With several micro-batches FSDP2 under a half compute dtype also holds whole gradients in that dtype
+    # (measured on 2 gloo ranks: + n_params x 2 bytes, deferred or per-micro-batch; not in fp32).
+    half_extra = ((b.n_trainable or b.n_params) * b.compute_bytes_per_param
+                  if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0.0)
+
     def per_device_grads(whole: float) -> float:
         if facts.distributed and not facts.fsdp:
             return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
         # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
         if "grads" not in sharded:
             return whole
-        # With several micro-batches FSDP2 under a half compute dtype also holds whole gradients in that
-        # dtype (measured on 2 gloo ranks: + n_params x 2 bytes, deferred or per-micro-batch; not in fp32).
-        half_extra = (b.n_trainable or b.n_params) * b.compute_bytes_per_param if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0
         if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
             return whole + half_extra  # deferred sync keeps whole, unsharded gradients across the window
         return whole / n + half_extra
@@ -166,7 +168,9 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
         if facts.fsdp:
             params = unit_compute if facts.reshard_after_forward else b.n_params * b.compute_bytes_per_param
             deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
-            grads = step_grads = b.grads_bytes if deferred else 0.0
+            # the whole half gradients FSDP2 keeps across micro-batches stay on the device (measured resident
+            # only; the offloaded runs measured were fp32, where there are none)
+            grads = step_grads = (b.grads_bytes if deferred else 0.0) + half_extra
     if "activations" in parts:  # saved for backward in host memory, brought back one op at a time in backward
         # (fp32 without checkpointing only: plan.rules says why)
         offloaded_act, act = act, 0.0
@@ -233,11 +237,11 @@ class Time:
     exposed_comm_s: float
     step_s: float
     scaling_efficiency: float
+    """compute / step: the share of the step the devices spend computing (1 = perfect scaling)."""
     overhead_s: float = 0.0
     """Measured distributed overhead beyond compute and modelled communication (Links.dist_overhead)."""
     offload_s: float = 0.0
     """The host copies of ``--offload`` (:func:`offload_seconds`), not overlapped with compute."""
-    """compute / step: the share of the step the devices spend computing (1 = perfect scaling)."""
 
 
 BACKWARD_SHARE = 2 / 3
