@@ -435,7 +435,7 @@ def make_plan(args, flags: dict | None = None):
             header.append(compile_note)
         result = search(space, ctx=ctx, basis=basis, links=links)
         if deferred:
-            floor = _fp32_floor_s(basis(*needed_pairs(space, ctx)[0]), links, full_space)
+            floor = _fp32_floor_s(next(iter(bases.values())), links, full_space)  # any traced pair: FLOPs count shapes
             best = result.best
             if best is not None and floor > best.step_s:
                 header.append(f"precisions: fp32 not traced: its fastest possible step here (the model's FLOPs at "

@@ -229,7 +229,7 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     if fsdp_config is not None:
         args["fsdp"] = True
         args["fsdp_config"] = fsdp_config
-        if OffloadPart.OPTIMIZER in parse_offload(cfg.offload):
+        if _fsdp_cpu_offload(cfg):
             fsdp_config["cpu_offload"] = True  # FSDP2's CPUOffloadPolicy: sharded params, grads and the step
         if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
             args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
@@ -247,6 +247,11 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
     text = json.dumps(args, indent=2) + "\n"
     return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+
+
+def _fsdp_cpu_offload(cfg: RunConfig) -> bool:
+    """The optimizer offloaded: under zero2/zero3 FSDP2's CPUOffloadPolicy, which each tool's FSDP switch sets."""
+    return OffloadPart.OPTIMIZER in parse_offload(cfg.offload)
 
 
 def _offload_gaps(cfg: RunConfig, fsdp_setting: str) -> list[Gap]:
@@ -310,7 +315,7 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": s.reshard_after_forward,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_offload_params": OffloadPart.OPTIMIZER in parse_offload(cfg.offload),
+            "fsdp_offload_params": _fsdp_cpu_offload(cfg),
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": False,
             "fsdp_activation_checkpointing": isinstance(ckpt, EveryBlock),
@@ -409,7 +414,7 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     if s.fsdp:
         values["fsdp_strategy"] = {"sharding_strategy": "FULL_SHARD" if s.reshard_after_forward else "SHARD_GRAD_OP",
                                    "state_dict_type": "sharded"}
-        if OffloadPart.OPTIMIZER in parse_offload(cfg.offload):
+        if _fsdp_cpu_offload(cfg):
             values["fsdp_strategy"]["cpu_offload"] = True
         gaps.append(Gap(lever="strategy", trainfit=f"runs {cfg.strategy} on FSDP2 (fully_shard)",
                         instead=f"Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel) with "

@@ -172,21 +172,12 @@ class PlanResult:
 def candidates(space: SearchSpace) -> list[Candidate]:
     share = space.global_batch // space.devices
     mbs = [m for m in (space.micro_batches or micro_batch_choices(share)[0]) if share % m == 0]
-    out = []
-    for p in space.precisions:
-        for ck in space.checkpointings:
-            for s in space.strategies:
-                for m in mbs:
-                    for sync in GRAD_SYNC_CHOICES:
-                        for compiled in space.compiles:
-                            for wanted in space.offloads:
-                                off = offload_as_run(wanted, s)
-                                if off is None:  # zero1 + optimizer: not a setting the strategy runs
-                                    continue
-                                out.append(Candidate(precision=p, micro_batch=m, accumulation=share // m,
-                                                     checkpointing=ck, strategy=s, grad_sync=sync, n=space.devices,
-                                                     compile=compiled, offload=off))
-    return out
+    # each strategy's offload settings as it runs them (None: not one it runs, e.g. zero1 + optimizer)
+    runs = {s: [o for o in (offload_as_run(w, s) for w in space.offloads) if o is not None] for s in space.strategies}
+    return [Candidate(precision=p, micro_batch=m, accumulation=share // m, checkpointing=ck, strategy=s,
+                      grad_sync=sync, n=space.devices, compile=compiled, offload=off)
+            for p in space.precisions for ck in space.checkpointings for s in space.strategies for m in mbs
+            for sync in GRAD_SYNC_CHOICES for compiled in space.compiles for off in runs[s]]
 
 
 def needed_pairs(space: SearchSpace, ctx: Context) -> list[tuple[str, str]]:

@@ -268,9 +268,10 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
     if first_here:  # (without enough pairs free of checkpointing, one is traced here before the workers start)
         first = missing.pop(0)
         out[first] = fast_basis(base_cfg, *first, target=target)  # a model that cannot be traced fails here
+        workers = min(workers, len(missing))
         if progress is not None and missing:
             progress(f"traced the basis of {first[0]}/{first[1]} in {time.perf_counter() - t0:.1f} s; "
-                     f"{len(missing)} more (precision, checkpointing) pairs on {max(min(workers, len(missing)), 1)} "
+                     f"{len(missing)} more (precision, checkpointing) pairs on {max(workers, 1)} "
                      f"processes, cached in {cache_dir()} ...")
     else:
         # the model's library and the estimator imported once here: the forked workers start with them
@@ -279,7 +280,6 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
         if progress is not None:
             progress(f"tracing the basis of {len(missing)} (precision, checkpointing) pairs on {workers} processes, "
                      f"cached in {cache_dir()} ...")
-    workers = min(workers, len(missing))
     if parallel and workers > 1:
         ctx = multiprocessing.get_context("fork")
         with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
