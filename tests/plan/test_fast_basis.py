@@ -31,7 +31,8 @@ def peaks(basis):
 ])
 def test_fast_basis_predicts_the_full_traces_peaks_within_2_percent(model, model_config, precision, ckpt):
     base = make_config({"model": model, "model_config": model_config, "seq_len": 64})
-    fast = fast_basis(base, precision, ckpt, use_cache=False)
+    none = fast_basis(base, precision, "none")  # (cached: the checkpointed pair reads its model FLOPs from it)
+    fast = fast_basis(base, precision, ckpt)
     full = report_basis(base, precision, ckpt, source="estimate")
     assert "extrapolated linearly per segment" in fast.source  # the shortcut ran (not a full-depth trace)
     for f, e in zip(peaks(fast), peaks(full)):
@@ -42,6 +43,21 @@ def test_fast_basis_predicts_the_full_traces_peaks_within_2_percent(model, model
     assert fast.model_flops_per_sample == pytest.approx(full.model_flops_per_sample, rel=0.03)
     assert fast.hardware_flops_per_sample == pytest.approx(full.hardware_flops_per_sample, rel=0.03)
     assert (fast.hardware_flops_per_sample > fast.model_flops_per_sample) == (ckpt != "none")
+    # What full checkpointing recomputes, counted in the trace without it, is what the checkpointed trace counts
+    # (GPT-2's blocks end in dropout, which saves its mask: each block's whole forward is recomputed).
+    assert none.full_recompute_flops_per_sample == fast.hardware_flops_per_sample - fast.model_flops_per_sample > 0
+
+
+def test_full_recompute_is_counted_up_to_each_blocks_last_saved_tensor():
+    """torch's non-reentrant checkpoint stops recomputing a block once its last saved tensor is back: a built-in
+    GPT block ends in the MLP's down projection and a residual add, which save nothing, so full checkpointing
+    recomputes each block's forward but that matmul. By hand, per sample and block at sequence s, width d:
+    qkv 6sd^2 + attention 4s^2d + out projection 2sd^2 + MLP up 8sd^2 (the skipped down projection: 8sd^2)."""
+    s, d, n = 32, 32, 5
+    base = make_config({"model": "gpt-tiny", "model_config": f"n_layer={n},d_model={d}", "seq_len": s})
+    b = fast_basis(base, "fp32", "none", use_cache=False)
+    assert "extrapolated linearly per segment" in b.source
+    assert b.full_recompute_flops_per_sample == n * (6 * s * d * d + 4 * s * s * d + 2 * s * d * d + 8 * s * d * d)
 
 
 def test_fp16_traces_hold_the_same_bytes_as_bf16_but_the_loss_scale():
@@ -148,10 +164,41 @@ def test_fp32_is_traced_only_when_one_of_its_rows_could_rank_first(capsys):
         others = [r for r in priced["plans"] if r["precision"] != "fp32"]
         assert [(r["precision"], r["micro_batch"], r["checkpointing"], r["strategy"], r["grad_sync"]) for r in others] == \
             [(r["precision"], r["micro_batch"], r["checkpointing"], r["strategy"], r["grad_sync"]) for r in default["plans"]]
-        floor = float(skipped[0].split("is ")[1].split(" s,")[0])
+        floor = float(skipped[0].split("faster than ")[1].split(" s here")[0])
         fp32 = [r["step_s"] for r in priced["plans"] if r["precision"] == "fp32"]
         assert fp32 and min(fp32) >= floor * (1 - 1e-3), (min(fp32), floor)  # (the note prints 4 digits)
     # A budget nothing in half precision fits: fp32 is traced after all, and said so.
     assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device", "h100",
                  "--offloads", "none", "--global-batch", "8", "--device-memory", "1MiB"]) == 2
     assert "precisions: fp32 traced too, after the others: nothing fits without it" in capsys.readouterr().err
+
+
+def test_full_checkpointing_is_traced_only_when_one_of_its_rows_could_rank_first(capsys):
+    """A traced default plan on an H100 searches without full checkpointing first. Its pairs are traced only when
+    a fully checkpointed row could step faster than the best plan found (each candidate priced at the model's
+    FLOPs plus what full checkpointing recomputes, and at the communication of the traces without it), or when
+    nothing fits without it. Skipped, pricing it anyway changes no ranking of the others and puts no full row
+    first, and every full row steps no faster than the floor the note gave."""
+    from trainfit.cli import main
+
+    def plan(*extra, rc=0):
+        assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device",
+                     "h100", "--offloads", "none", "--top", "400", "--json", *extra]) == rc
+        return json.loads(capsys.readouterr().out)
+
+    for job in (["--global-batch", "64", "--device-memory", "40MiB"],
+                ["--global-batch", "64", "--devices", "8", "--device-memory", "40MiB"]):
+        default, priced = plan(*job), plan(*job, "--checkpointings", "none,full")
+        skipped = [n for n in default["notes"] if n.startswith("checkpointings: full not traced")]
+        assert skipped and {r["checkpointing"] for r in default["plans"]} == {"none"}
+        assert priced["plans"][0]["checkpointing"] != "full"
+        key = ("precision", "micro_batch", "checkpointing", "strategy", "grad_sync")
+        assert [tuple(r[k] for k in key) for r in priced["plans"] if r["checkpointing"] != "full"] == \
+            [tuple(r[k] for k in key) for r in default["plans"]]
+        floor = float(skipped[0].split("faster than ")[1].split(" s here")[0])
+        full = [r["step_s"] for r in priced["plans"] if r["checkpointing"] == "full"]
+        assert full and min(full) >= floor * (1 - 1e-3), (min(full), floor)  # (the note prints 4 digits)
+    # A budget nothing without checkpointing fits: full is traced after all, and said so.
+    default = plan("--global-batch", "64", "--device-memory", "6MiB")
+    assert "checkpointings: full traced too, after the others: nothing fits without it" in default["notes"]
+    assert default["plans"][0]["checkpointing"] == "full" and default["plans"][0]["fits"]

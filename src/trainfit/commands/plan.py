@@ -8,7 +8,7 @@ import importlib.util
 import math
 import sys
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 
@@ -28,6 +28,7 @@ from trainfit.plan.search import (
     SearchSpace,
     needed_pairs,
     search,
+    step_floor,
 )
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.plan.shapes import PlannedModel, TransformerShape, parse_model_config, plan_model, run_spec
@@ -377,21 +378,21 @@ def make_plan(args, flags: dict | None = None):
         space = dataclasses.replace(space, checkpointings=FAST_DEFAULT_CHECKPOINTINGS)
         header.append(f"checkpointing searched: {', '.join(FAST_DEFAULT_CHECKPOINTINGS)} (every:2 traces twice the "
                       "blocks, so a traced basis leaves it out unless asked: --checkpointings none,every:2,full)")
+    # A traced default plan on a GPU row searches without full checkpointing and fp32 first, and traces them
+    # only where one of their rows could rank first (checked after the search: _Deferred).
+    deferred = [d for d in (_FULL, _FP32) if used == "fast" and d.flag not in subsets and not flags["found"]
+                and d.value in getattr(space, d.flag) and d.applies(row, speedup)]
     full_space = space
-    deferred = used == "fast" and "precisions" not in subsets and not flags["found"] and _fp32_slow(row)
-    if deferred:  # fp32's two traces are made only if its rows could rank first (checked after the search)
-        space = dataclasses.replace(space, precisions=tuple(p for p in space.precisions if p != PrecisionName.FP32))
+    for d in deferred:
+        space = d.narrow(space)
+    bases: dict = {}
+    t0 = time.perf_counter()
     if used == "fast":  # every pair the search will ask for, traced in parallel (or read from the cache)
-        t0 = time.perf_counter()
-        pairs = needed_pairs(space, ctx)
-        bases = prefetch(base, pairs, target=row.name, progress=lambda msg: print("plan: " + msg, file=sys.stderr,
-                                                                                  flush=True))
+        bases.update(prefetch(base, needed_pairs(space, ctx), target=row.name,
+                              progress=lambda msg: print("plan: " + msg, file=sys.stderr, flush=True)))
         basis = lambda p, ck: bases[(p, ck)]  # noqa: E731 -- the search asks for these pairs only
-        own = {(p, ck): b for (p, ck), b in bases.items() if p not in TRACED_AS}  # fp16 pairs reuse the bf16 trace
-        traced = sum("cached" not in b.source for b in own.values())
-        header.append(f"basis: fast fake-tensor traces of {base.model} ({traced} of {len(own)} traces made now, the "
-                      f"rest read from the cache {cache_dir()}; {len(bases) - len(own)} fp16 pairs from their bf16 "
-                      f"trace; {time.perf_counter() - t0:.1f} s)")
+        header.append("")  # the basis line, written once the deferred pairs are settled (below)
+    basis_line = len(header) - 1
     if used == "analytic" and (tuned is not None or rows != seq):
         shape = planned.shape
         basis = (lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=rows,
@@ -434,22 +435,29 @@ def make_plan(args, flags: dict | None = None):
             links, compile_note = _with_compile_speedup(links, base, speedup)
             header.append(compile_note)
         result = search(space, ctx=ctx, basis=basis, links=links)
-        if deferred:
-            floor = _fp32_floor_s(next(iter(bases.values())), links, full_space)  # any traced pair: FLOPs count shapes
+        for d in deferred:  # full checkpointing first (what often makes a large model fit), then fp32
+            uncheckpointed = [b for (p, ck), b in bases.items() if ck == "none"]
+            floor, fastest = step_floor(d.only(space), uncheckpointed, ctx=ctx, links=links)
             best = result.best
             if best is not None and floor > best.step_s:
-                header.append(f"precisions: fp32 not traced: its fastest possible step here (the model's FLOPs at "
-                              f"fp32's rate on {row.name}, no recompute, no communication) is {floor:.4g} s, slower "
-                              f"than the best plan's {best.step_s:.4g} s, so no fp32 row can rank first "
-                              "(--precisions to price it anyway)")
-            else:  # fp32 could win (or nothing fits without it): trace its pairs too and search again
-                header.append("precisions: fp32 traced too, after the others: " + (
-                    "nothing fits without it" if best is None else
-                    f"its fastest possible step ({floor:.4g} s) is not slower than the best plan without it "
-                    f"({best.step_s:.4g} s)"))
-                space = full_space
-                bases.update(prefetch(base, needed_pairs(space, ctx), target=row.name))
-                result = search(space, ctx=ctx, basis=basis, links=links)
+                header.append(f"{d.flag}: {d.value} not traced: no {d.value} row can step faster than {floor:.4g} s "
+                              f"here ({_floor_how(fastest, uncheckpointed[0])}), slower than the best plan's "
+                              f"{best.step_s:.4g} s, so none can rank first (--{d.flag} "
+                              f"{','.join(getattr(full_space, d.flag))} to price it anyway)")
+                continue
+            header.append(f"{d.flag}: {d.value} traced too, after the others: " + (
+                "nothing fits without it" if best is None else
+                f"its rows could step in {floor:.4g} s ({_floor_how(fastest, uncheckpointed[0])}), not slower "
+                f"than the best plan without it ({best.step_s:.4g} s)"))
+            space = d.widen(space, full_space)
+            bases.update(prefetch(base, needed_pairs(space, ctx), target=row.name))
+            result = search(space, ctx=ctx, basis=basis, links=links)
+    if used == "fast":
+        own = {(p, ck): b for (p, ck), b in bases.items() if p not in TRACED_AS}  # fp16 pairs reuse the bf16 trace
+        traced = sum("cached" not in b.source for b in own.values())
+        header[basis_line] = (f"basis: fast fake-tensor traces of {base.model} ({traced} of {len(own)} traces made "
+                              f"now, the rest read from the cache {cache_dir()}; {len(bases) - len(own)} fp16 pairs "
+                              f"from their bf16 trace; {time.perf_counter() - t0:.1f} s)")
     result.notes[:0] = header  # first: the job these plans are for
     result.notes.extend(planned.notes)
     if result.entries and space.offloads == ("",):  # not searched: what it would free and cost, in words
@@ -556,20 +564,50 @@ def run(args) -> int:
 
 def _fp32_slow(row) -> bool:
     """A GPU row whose half precision runs at least twice fp32's dense peak: there a traced default plan searches
-    the half precisions first and traces fp32 only if :func:`_fp32_floor_s` says an fp32 row could rank first."""
+    the half precisions first and traces fp32 only if ``plan.search.step_floor`` says an fp32 row could rank first."""
     peak = find_device(row.peak_row) if row.peak_row else None
     if peak is None or Dtype.FP32 not in peak.peak_tflops:
         return False
     return max(peak.peak_tflops.get(d, 0.0) for d in (Dtype.BF16, Dtype.FP16)) >= 2 * peak.peak_tflops[Dtype.FP32]
 
 
-def _fp32_floor_s(b, links, space) -> float:
-    """A lower bound on any fp32 row's step: the model's FLOPs for the per-device share at fp32's achievable
-    rate (no recompute, no overheads, no communication), compiled at the speed-up searched, if any. The FLOPs
-    count shapes, so any precision's basis gives them."""
-    lk = links(PrecisionName.FP32, "none")
-    speedup = max(1.0, lk.compile_speedup) if True in space.compiles else 1.0
-    return b.model_flops_per_sample * (space.global_batch // space.devices) / lk.flops_per_s / speedup
+def _floor_how(c, b) -> str:
+    """Where a deferred choice's step floor (``plan.search.step_floor``) comes from, in words."""
+    recompute = (f" plus the {b.full_recompute_flops_per_sample:.3g} per sample full checkpointing recomputes"
+                 if c.checkpointing == "full" else "")
+    return (f"its fastest candidate, {c.precision} {c.strategy} micro-batch {c.micro_batch} x {c.accumulation}, "
+            f"priced at the model's FLOPs{recompute} and the communication of the traces without it; memory "
+            "and offload aside")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Deferred:
+    """A choice a traced default plan prices only where one of its rows could rank first: searched without it,
+    then traced when its fastest possible step is not slower than the best plan found, or when nothing fits."""
+
+    flag: str
+    """The flag and the SearchSpace field that list it (``--precisions``, ``--checkpointings``)."""
+    value: str
+    applies: Callable
+    """``applies(device row, compile speed-up flag)``: whether ``plan.search.step_floor`` bounds its rows there
+    (a datasheet rate; a CPU row's rate and a measured compile speed-up are measured per pair)."""
+
+    def only(self, space):
+        return dataclasses.replace(space, **{self.flag: (self.value,)})
+
+    def narrow(self, space):
+        return dataclasses.replace(space, **{self.flag: tuple(v for v in getattr(space, self.flag) if v != self.value)})
+
+    def widen(self, space, full):
+        """``space`` with the value back, in ``full``'s order (a tie ranks as the whole search ranks it)."""
+        kept = {*getattr(space, self.flag), self.value}
+        return dataclasses.replace(space, **{self.flag: tuple(v for v in getattr(full, self.flag) if v in kept)})
+
+
+_FULL = _Deferred(flag="checkpointings", value="full",
+                  applies=lambda row, speedup: row.peak_row is not None and speedup != "measure")
+_FP32 = _Deferred(flag="precisions", value=PrecisionName.FP32,
+                  applies=lambda row, speedup: _fp32_slow(row) and speedup != "measure")
 
 
 def _offload_source(offloads: tuple[str, ...], host_bw: float | None, row) -> str:

@@ -31,6 +31,7 @@ cap, so it is cheap enough to leave on during training.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -135,6 +136,21 @@ def _scalar_stub(t: torch.Tensor) -> Any:
     return 1  # counts
 
 
+class ScalarStubs(TorchDispatchMode):
+    """Answers ``.item()`` on a fake tensor with the healthy path's value (:func:`_scalar_stub`) where the value
+    is unknowable, and counts nothing: for the fake steps whose memory is not measured (a model's init, the
+    estimator's warm-up), at a fraction of a tracker's cost per op."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _aten._local_scalar_dense.default:
+            try:  # a fake tensor that knows its value (a constant, e.g. Adam's step count)
+                return func(*args, **kwargs)
+            except Exception:  # data-dependent: the value is unknowable without running
+                return _scalar_stub(args[0])
+        return func(*args, **kwargs)
+
+
 class MemoryTracker(TorchDispatchMode):
     """Counts live tensor bytes per part and phase; optionally raises above a cap.
 
@@ -169,6 +185,7 @@ class MemoryTracker(TorchDispatchMode):
         self._module_names: dict[int, str] = {}
         self._module_stack: list[str] = []
         self._grad_holders: list[torch.Tensor] = []
+        self._grads_seen: list[weakref.ref | None] = []  # per holder: the .grad last classified
         self._stack = contextlib.ExitStack()
         self.listeners: list[Any] = []  # callables(tracker) after each op (e.g. segment labels)
         self.track_resizes = False
@@ -217,6 +234,7 @@ class MemoryTracker(TorchDispatchMode):
                     if isinstance(v, torch.Tensor):
                         self._add(v, "optimizer", force=True, host=host or None)
         self._grad_holders = params + extra
+        self._grads_seen = [None] * len(self._grad_holders)
         self.track_resizes = any(local_tensor(p) is not p for p in params)  # FSDP2 shards: DTensors
         for t in self._grad_holders:
             if t.grad is not None:
@@ -289,6 +307,10 @@ class MemoryTracker(TorchDispatchMode):
         e.nbytes = n
 
     def _sweep(self, keys: Iterable[int]) -> None:
+        if not any(map(_expired, keys)):  # most ops free nothing: checked without a Python loop
+            if self.track_resizes:
+                self._refresh_sizes(keys)
+            return
         for key in [k for k in keys if _expired(k)]:  # key: the storage's cdata, held weakly
             e = self._entries.pop(key)
             self._volatile.discard(key)
@@ -313,16 +335,24 @@ class MemoryTracker(TorchDispatchMode):
         self._sweep(self._entries)
 
     def _refresh_grads(self) -> None:
-        entries = self._entries
-        for t in self._grad_holders:
-            g = t.grad
-            if g is not None:
-                e = entries.get(_storage_key(g))
-                if e is not None and e.part == "grads":
+        """Classify each holder's ``.grad`` as grads (an assigned gradient, e.g. an fp32 master's, is seen by no
+        hook). A holder whose ``.grad`` is the very tensor already classified is skipped: the check runs after
+        every optimizer-phase op, and re-reading every storage made it most of that phase's cost."""
+        entries, seen = self._entries, self._grads_seen
+        with torch._C.DisableTorchFunction():  # .grad is a torch function: no mode needs to see these reads
+            for i, t in enumerate(self._grad_holders):
+                g = t.grad
+                if g is None:
                     continue
-                e = self._add(g, "grads", host=self._grad_host(t))
-                if e is not None and e.part != "grads":
-                    self._move(e, "grads")
+                ref = seen[i]
+                if ref is not None and ref() is g:
+                    continue
+                e = entries.get(_storage_key(g))
+                if e is None or e.part != "grads":
+                    e = self._add(g, "grads", host=self._grad_host(t))
+                    if e is not None and e.part != "grads":
+                        self._move(e, "grads")
+                seen[i] = weakref.ref(g) if e is not None else None  # weak: a dropped gradient is freed
 
     # ---- phases and peaks ---------------------------------------------------------
     def set_phase(self, phase: str) -> None:

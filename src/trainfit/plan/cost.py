@@ -71,6 +71,9 @@ class Basis:
     max_unit_params: float = 0.0
     """Parameters of the largest FSDP unit (a block, or the root: what is outside the blocks);
     0 when unknown (then the mean, n_params / n_blocks)."""
+    full_recompute_flops_per_sample: float = 0.0
+    """FLOPs full checkpointing would recompute per sample, counted in a trace without checkpointing (the
+    planner bounds a fully checkpointed row's step with it before tracing that pair); 0 when not counted."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -180,6 +180,32 @@ def candidates(space: SearchSpace) -> list[Candidate]:
             for sync in GRAD_SYNC_CHOICES for compiled in space.compiles for off in runs[s]]
 
 
+def step_floor(space: SearchSpace, uncheckpointed: list[Basis], *, ctx: Context,
+               links: Callable[[str, str], Links]) -> tuple[float, Candidate | None]:
+    """A lower bound on the predicted step of every candidate of ``space`` (fitting or not), and the candidate
+    it comes from, priced from bases traced *without* checkpointing -- before any of ``space``'s own pairs is.
+
+    A step's time reads a basis's FLOPs and communicated bytes only (memory decides what fits, not how fast it
+    runs), and grows with each of them: so each candidate is priced at the model's FLOPs, plus what full
+    checkpointing recomputes (``Basis.full_recompute_flops_per_sample``; any other policy: nothing), and at
+    the fewest bytes any of the ``uncheckpointed`` bases communicates (a precision's own are no fewer).
+    Offload is left out: its copies only add."""
+    first = uncheckpointed[0]
+    lean = dataclasses.replace(first, grad_comm_bytes=min(b.grad_comm_bytes for b in uncheckpointed),
+                               param_comm_bytes=min(b.param_comm_bytes for b in uncheckpointed))
+    best: tuple[float, Candidate | None] = (math.inf, None)
+    for c in candidates(dataclasses.replace(space, offloads=("",))):
+        if broken_rules(c, ctx):
+            continue
+        recompute = first.full_recompute_flops_per_sample if c.checkpointing == "full" else 0.0
+        b = dataclasses.replace(lean, precision=c.precision, checkpointing=c.checkpointing,
+                                hardware_flops_per_sample=first.model_flops_per_sample + recompute)
+        t = step_time(b, c, links(c.precision, c.checkpointing)).step_s
+        if t < best[0]:
+            best = (t, c)
+    return best
+
+
 def needed_pairs(space: SearchSpace, ctx: Context) -> list[tuple[str, str]]:
     """The (precision, checkpointing) pairs :func:`search` asks a basis for, in its order: those of every
     compatible candidate, and the activation precision a strategy computes in where it differs."""

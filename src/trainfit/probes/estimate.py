@@ -23,7 +23,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
 from trainfit.meters.attention import hf_attention_note, target_kernels
 from trainfit.meters.flops import flop_counter
-from trainfit.meters.tracker import MemoryTracker
+from trainfit.meters.tracker import MemoryTracker, ScalarStubs
 from trainfit.probes.memory import (
     build_report,
     example_batch,
@@ -188,7 +188,7 @@ def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
         batch = example_batch(task, cfg.micro_batch)  # small real tensors (token ids / images)
     n = next((t.shape[0] for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()), 1)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), contextlib.ExitStack() as branches:
-        with MemoryTracker(stub_scalars=True, classify=False, exact=False):  # only to answer .item()
+        with ScalarStubs():  # .item() answered; nothing counted
             run = build_run(cfg)  # some inits read values (e.g. trunc_normal_ bounds)
             fake_trace = getattr(run.task, "fake_trace", None)
             if fake_trace is not None:  # take the branches a real step takes (see Task.fake_trace)
@@ -405,6 +405,53 @@ def shortcut_depths(cfg: RunConfig, task) -> tuple[tuple[int, int] | None, int, 
     return (a, b), k, ""
 
 
+class _RecomputeCount:
+    """The FLOPs full checkpointing would recompute, counted in a forward that checkpoints nothing.
+
+    torch's non-reentrant checkpoint (the one ``levers/checkpointing.py`` applies to each block) reruns a block's
+    forward in backward only until the last tensor the block saved is produced again, then stops: a block that
+    ends in a matmul whose output nothing saves (no dropout after it) skips it. So the count is, per block, the
+    FLOPs from its start to its last saved tensor (``FlopCounterMode`` counts an op as it returns, before
+    autograd saves its inputs). The planner bounds a fully checkpointed row's step with it before tracing
+    that pair (``commands/plan.py``); ``tests/plan/test_fast_basis.py`` holds it equal to the recompute counted
+    in the checkpointed trace."""
+
+    def __init__(self, run) -> None:
+        self.flops = 0
+        self._on = run.cfg.checkpointing.spec == "none" and not run.offload  # offload's own pack hooks stay
+        self._blocks = [run.model.get_submodule(n) for n in run.task.block_names(run.model)]
+        self._start: int | None = None
+        self._last: int | None = None
+
+    def loss_fn(self, loss, counter):
+        if not self._on:
+            return None
+
+        def enter(module, args):
+            self._start = self._last = counter.get_total_flops()
+
+        def leave(module, args, out):
+            self.flops += self._last - self._start
+            self._start = None
+
+        def pack(t):
+            if self._start is not None:
+                self._last = counter.get_total_flops()
+            return t
+
+        def counted(model, mb):
+            handles = [h for m in self._blocks for h in (m.register_forward_pre_hook(enter),
+                                                         m.register_forward_hook(leave))]
+            self.flops = 0
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    return loss(model, mb)
+            finally:
+                for h in handles:
+                    h.remove()
+        return counted
+
+
 def _trace_windows(cfg: RunConfig, batches: tuple[int, int], unit: int, target: str = "cpu") -> SegmentStats:
     """Warm up on one micro-batch, then trace two steps of accumulation 2: [b1, b2] and [b2, b1].
 
@@ -415,14 +462,15 @@ def _trace_windows(cfg: RunConfig, batches: tuple[int, int], unit: int, target: 
     real = [example_batch(task, b) for b in batches]
     with target_kernels(target) as kernels, FakeTensorMode(allow_non_fake_inputs=True) as mode, \
             _fake_swappable(mode), contextlib.ExitStack() as branches:
-        with MemoryTracker(stub_scalars=True, classify=False, exact=False):  # only to answer .item()
+        with ScalarStubs():  # .item() answered; nothing counted
             run = build_run(cfg)
             fake_trace = getattr(run.task, "fake_trace", None)
             if fake_trace is not None:
                 branches.enter_context(fake_trace())
             f1, f2 = (_fake_batch(mode, b) for b in real)
+            recompute = _RecomputeCount(run)
             with flop_counter() as flops:  # the warm-up step as it runs: recompute included
-                warm_up(run, [f1])
+                warm_up(run, [f1], loss_fn=recompute.loss_fn(run.task.loss, flops))
         tracker = new_tracker(run, stub_scalars=True)
         stats = SegmentStats(run.model, run.task.block_names(run.model), unit=unit)
         tracker.listeners.append(stats)
@@ -433,13 +481,27 @@ def _trace_windows(cfg: RunConfig, batches: tuple[int, int], unit: int, target: 
             stats.close()
     stats.n_params = sum(p.numel() for p in {id(p): p for p in run.model.parameters()}.values())
     stats.hardware_flops_per_sample = flops.get_total_flops() / batches[0]
+    stats.full_recompute_flops_per_sample = recompute.flops / batches[0]
     stats.kernel_lines = [*kernels.lines(), hf_attention_note(run.model, target)]
     return stats
 
 
-def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *,
-                   target: str = "cpu") -> tuple[tuple[WindowReport, ...], str, float, list[str]]:
-    """((r1, r2, q1, q2), how, hardware FLOPs per sample, what the target's kernels changed): one micro-batch at ``batches[0]`` and ``batches[1]``, and accumulation 2 at
+class Windows(NamedTuple):
+    """What :func:`window_reports` returns."""
+
+    reports: tuple[WindowReport, WindowReport, WindowReport, WindowReport]
+    """(r1, r2, q1, q2): one micro-batch at each basis batch, then accumulation 2 at each."""
+    how: str
+    hardware_flops_per_sample: float
+    full_recompute_flops_per_sample: float
+    """What full checkpointing would recompute, per sample (:class:`_RecomputeCount`), counted in a trace
+    without checkpointing; 0.0 in a checkpointed trace (its hardware FLOPs hold its own recompute)."""
+    kernel_lines: list[str]
+    """What the target's kernels changed against this CPU's."""
+
+
+def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *, target: str = "cpu") -> Windows:
+    """One micro-batch at ``batches[0]`` and ``batches[1]``, and accumulation 2 at
     each, estimated from one warm-up and two traced steps -- per depth of the block shortcut (two traces),
     or one full-depth trace where the shortcut does not apply. The same numbers as four separate
     :func:`estimate_memory` calls (at 2 x 4 traces); ``tests/plan/test_fast_basis.py`` holds them equal.
@@ -455,6 +517,8 @@ def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *,
         classes = _extrapolated_classes(st_a, st_b, task.depth, depths)
         n_params = _lin(st_a.n_params, st_b.n_params, task.depth, depths)
         hw_flops = _lin(st_a.hardware_flops_per_sample, st_b.hardware_flops_per_sample, task.depth, depths)
+        recompute = _lin(st_a.full_recompute_flops_per_sample, st_b.full_recompute_flops_per_sample, task.depth,
+                         depths)
         how = f"traced {depths[0]} and {depths[1]} of {task.depth} blocks, extrapolated linearly per segment"
         kernel_lines = st_b.kernel_lines
         if classes is None:
@@ -463,6 +527,7 @@ def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *,
         st = _trace_windows(cfg, batches, 1, target)
         classes = {k: v for k, v in st.by_class().items()}
         n_params, how, hw_flops = st.n_params, why_not, st.hardware_flops_per_sample
+        recompute = st.full_recompute_flops_per_sample
         kernel_lines = st.kernel_lines
     win = {tag: _phase_peaks(classes, tag) for tag in {k[0] for k in classes}}
     part_max = _phase_peaks(classes)[1]
@@ -483,5 +548,7 @@ def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *,
                             phases={**fwd_bwd(*tags), "optimizer": optimizer})
 
     b1, b2 = batches
-    return (report(b1, 1, [(0, 0)]), report(b2, 1, [(1, 0)]),
-            report(b1, 2, [(0, 0), (1, 1)]), report(b2, 2, [(1, 0), (0, 1)])), how, float(hw_flops), kernel_lines
+    return Windows(reports=(report(b1, 1, [(0, 0)]), report(b2, 1, [(1, 0)]),
+                            report(b1, 2, [(0, 0), (1, 1)]), report(b2, 2, [(1, 0), (0, 1)])),
+                   how=how, hardware_flops_per_sample=float(hw_flops), full_recompute_flops_per_sample=float(recompute),
+                   kernel_lines=kernel_lines)

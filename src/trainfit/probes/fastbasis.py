@@ -212,7 +212,8 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
         if cached is not None:
             return _as_cached(cached)
     t0 = time.perf_counter()
-    (r1, r2, q1, q2), how, hw_flops, kernel_lines = _window_reports()(cfg, target=target)
+    windows = _window_reports()(cfg, target=target)
+    (r1, r2, q1, q2), how, hw_flops = windows.reports, windows.how, windows.hardware_flops_per_sample
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
     model_flops = hw_flops if checkpointing == "none" else _model_flops(base_cfg, precision, target, use_cache)
     n_blocks, n_tensors, max_unit = model_units(dataclasses.replace(cfg, precision=base_cfg.precision,
@@ -220,10 +221,11 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
     basis = basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
                                n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
                                max_unit_params=max_unit)
-    basis = dataclasses.replace(basis, source=f"fast trace ({how}; micro-batches {BASIS_BATCHES[0]} and "
-                                              f"{BASIS_BATCHES[1]}, accumulation 1 and 2; traced in "
-                                              f"{time.perf_counter() - t0:.1f} s); kernels of {target}: "
-                                              + "; ".join(kernel_lines))
+    basis = dataclasses.replace(basis, full_recompute_flops_per_sample=windows.full_recompute_flops_per_sample,
+                                source=f"fast trace ({how}; micro-batches {BASIS_BATCHES[0]} and "
+                                       f"{BASIS_BATCHES[1]}, accumulation 1 and 2; traced in "
+                                       f"{time.perf_counter() - t0:.1f} s); kernels of {target}: "
+                                       + "; ".join(windows.kernel_lines))
     if use_cache:
         write_cached(key, basis)
     return basis

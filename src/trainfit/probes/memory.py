@@ -94,10 +94,10 @@ def tracked_step(run: Run, micro_batches: Sequence[Any], tracker: MemoryTracker,
         tracker.listeners.remove(watch)
 
 
-def warm_up(run: Run, micro_batches: Sequence[Any]) -> None:
-    """Step until the optimizer has taken one real step (its state exists)."""
+def warm_up(run: Run, micro_batches: Sequence[Any], *, loss_fn: Callable | None = None) -> None:
+    """Step until the optimizer has taken one real step (its state exists); ``loss_fn``: as :meth:`Run.step`'s."""
     for _ in range(_WARMUP_TRIES):
-        if run.step(micro_batches).stepped:
+        if run.step(micro_batches, loss_fn=loss_fn).stepped:
             return
 
 
