@@ -73,11 +73,20 @@ def test_memory_per_strategy_by_hand():
     assert m.params_bytes == 1000 + 1600
     # zero3 deferred with accumulation keeps whole gradients
     assert memory(b, cand(strategy="zero3", n=4, accumulation=2)).grads_bytes == 4000
-    # zero2 with a half compute dtype: whole gathered compute copy (1000 x 2 B); with accumulation the
-    # half-dtype gradients too
+    # zero2 with a half compute dtype: whole gathered compute copy (1000 x 2 B), gradients / 4
     h = basis(compute_bytes_per_param=2.0)
     m = memory(h, cand(strategy="zero2", n=4, accumulation=2, grad_sync="per-micro-batch"))
-    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000 + 2000
+    assert m.params_bytes == 1000 + 2000 and m.grads_bytes == 1000
+    # ... from a traced basis, whose window fit (here: fixed 0, 1500 per sample) subtracts the gradients at
+    # their largest, the half-dtype gradients are added back in backward (1000 x 2 B) -- not in the optimizer step,
+    # which holds the sharded gradients only: params 3000 + grads 1000 + optimizer 2000 + step temporaries 0
+    t = basis(compute_bytes_per_param=2.0, acc_extra_fixed_bytes=0.0, acc_extra_per_sample_bytes=1500.0)
+    m = memory(t, cand(strategy="zero2", n=4, accumulation=2, grad_sync="per-micro-batch"))
+    assert m.grads_bytes == 1000 + 2000 and m.peak_bytes == 3000 + 3000 + 2000 + 2 * 1500
+    # where the step is the peak (its temporaries, 40000 / 4 per rank): 3000 + 1000 + 2000 + 10000
+    s = basis(compute_bytes_per_param=2.0, acc_extra_fixed_bytes=0.0, acc_extra_per_sample_bytes=0.0,
+              step_temp_bytes=40000.0)
+    assert memory(s, cand(strategy="zero2", n=4, accumulation=2, grad_sync="per-micro-batch")).peak_bytes == 16000
     # activations from another basis (FSDP2 runs *-mixed like *-true)
     assert memory(b, cand(), act_basis=basis(act_per_sample_bytes=10.0)).activations_bytes == 100 + 20
 
@@ -262,3 +271,18 @@ def test_search_ranks_compile_by_its_speedup_and_only_when_asked(speedup, first_
     assert compiled.step_s == pytest.approx(next(e for e in both.entries if not e.compile and
                                                  e.micro_batch == compiled.micro_batch).step_s / speedup)
     assert any(r.startswith("compile:") for r in compiled.reasons)
+
+
+def test_a_70b_model_fits_8_h100s_in_half_precision_with_offload():
+    """Llama-70B at sequence 2,048 on 8 x 80 GiB H100 (docs/planner.md, README): half precision with full
+    checkpointing fits with zero3's optimizer and parameters in host memory. The optimizer step holds the sharded
+    gradients only; a model that added n_params x 2 bytes of whole half gradients to it (131 GiB here) left only
+    fp32 with everything offloaded, at over ten times the step time."""
+    shape = shape_of("llama-70b", "", seq_len=2048)
+    b = {p: analytic_basis(shape, precision=p, checkpointing="full", seq_len=2048, optimizer="adamw")
+         for p in ("bf16-mixed", "bf16-true")}
+    c = Candidate(precision="bf16-mixed", micro_batch=8, accumulation=8, checkpointing="full", strategy="zero3",
+                  grad_sync="per-micro-batch", n=8, offload="optimizer,params")
+    m = memory(b["bf16-mixed"], c, act_basis=b["bf16-true"])
+    assert m.grads_bytes == 0 and m.optimizer_bytes == 0  # sharded gradients and the state rest on the host
+    assert m.peak_bytes < 0.9 * 80 * 2**30

@@ -124,23 +124,32 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     if "optimizer" in sharded:
         opt /= n
 
-    # With several micro-batches FSDP2 under a half compute dtype also holds whole gradients in that dtype
-    # (measured on 2 gloo ranks: + n_params x 2 bytes, deferred or per-micro-batch; not in fp32).
-    half_extra = ((b.n_trainable or b.n_params) * b.compute_bytes_per_param
-                  if c.accumulation > 1 and b.compute_bytes_per_param < 4 else 0.0)
+    a = act_basis or b
+    # A traced basis fits a window of several micro-batches as its forward/backward peak less the whole model
+    # state, the gradients counted at their largest: the optimizer step's, where a *-true precision also holds
+    # fp32 master gradients that backward never does. FSDP2 runs *-mixed on the *-true activation basis, so that
+    # window comes out short by the half-precision gradients, which are added back here, in backward only. (On
+    # 2 and 4 gloo ranks what a window's second micro-batch adds is then exactly what was measured: the sharded
+    # fp32 gradients per micro-batch sync, the whole ones deferred -- benchmarks/results/
+    # fsdp_accumulation_grads.md. The analytic basis fits no window; the optimizer step holds the sharded
+    # gradients only. An earlier version added these bytes to the step too, as whole half gradients FSDP2 was
+    # taken to hold: n_params x 2 per device, 131 GiB for a 70B model, so no half precision fitted one.)
+    window_fix = ((b.n_trainable or b.n_params) * b.compute_bytes_per_param
+                  if c.accumulation > 1 and b.compute_bytes_per_param < 4 and a.acc_extra_per_sample_bytes is not None
+                  else 0.0)
 
-    def per_device_grads(whole: float) -> float:
+    def per_device_grads(whole: float, extra: float = 0.0) -> float:
         if facts.distributed and not facts.fsdp:
             return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
         # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
         if "grads" not in sharded:
             return whole
         if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
-            return whole + half_extra  # deferred sync keeps whole, unsharded gradients across the window
-        return whole / n + half_extra
+            return whole + extra  # deferred sync keeps whole, unsharded gradients across the window
+        return whole / n + extra
 
     # With one micro-batch only the gradients produced so far are live at the backward peak.
-    grads = per_device_grads(b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes)
+    grads = per_device_grads(b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes, window_fix)
     step_grads = per_device_grads(b.grads_bytes)
     if facts.fsdp and not facts.reshard_after_forward:
         params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
@@ -151,7 +160,6 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
         # and Llama: the shard plus 0 to 1 unit (benchmarks/results/planner_accuracy_dist*.md); the
         # planner takes the largest unit, the side that never under-predicts by more than the gap.
         params = params / n + unit_compute
-    a = act_basis or b
     act = a.act_fixed_bytes + a.act_per_sample_bytes * c.micro_batch
     temp = a.temp_fixed_bytes + a.temp_per_sample_bytes * c.micro_batch
     if c.accumulation > 1 and a.acc_extra_per_sample_bytes is not None:
@@ -171,9 +179,9 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
         if facts.fsdp:
             params = unit_compute if facts.reshard_after_forward else b.n_params * b.compute_bytes_per_param
             deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
-            # the whole half gradients FSDP2 keeps across micro-batches stay on the device (measured resident
-            # only; the offloaded runs measured were fp32, where there are none)
-            grads = step_grads = (b.grads_bytes if deferred else 0.0) + half_extra
+            # the whole gradients a deferred window accumulates stay on the device (and the window's fix, above)
+            grads = (b.grads_bytes if deferred else 0.0) + window_fix
+            step_grads = b.grads_bytes if deferred else 0.0
     if "activations" in parts:  # saved for backward in host memory, brought back one op at a time in backward
         # (fp32 without checkpointing only: plan.rules says why)
         offloaded_act, act = act, 0.0
