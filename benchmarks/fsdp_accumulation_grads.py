@@ -6,10 +6,11 @@ For zero3 and each precision (fp32, bf16-mixed), the per-rank peak of gpt-tiny (
 micro-batch 6 with accumulation 1, then accumulation 2 with the gradients reduce-scattered after every
 micro-batch (per-micro-batch) and once per window (deferred). The increment over accumulation 1 is what the
 window's extra micro-batch keeps live; it is compared with ``plan.cost.memory``'s increment for the same rows
-(estimate basis). Why: ``plan.cost.memory`` adds, under a half compute dtype with accumulation, a whole copy of
-the gradients in that dtype per device (``half_extra``, n_params x 2 bytes, fitted on 2 ranks), a term that does
-not shrink with the device count. On 2 ranks n_params x 2 equals the sharded fp32 gradients (n_params x 4 / 2),
-so 2 ranks cannot tell the two apart; 4 ranks can. Writes fsdp_accumulation_grads.{json,md}.
+(estimate basis). Why: ``plan.cost.memory`` used to add, under a half compute dtype with accumulation, a whole
+copy of the gradients in that dtype per device (n_params x 2 bytes, fitted on 2 ranks) to backward and to the
+optimizer step, a term that does not shrink with the device count. On 2 ranks n_params x 2 equals the sharded
+fp32 gradients (n_params x 4 / 2), so 2 ranks cannot tell the two apart; 4 ranks can (docs/planner.md, "FSDP
+and accumulation"). Writes fsdp_accumulation_grads.{json,md}.
 """
 
 from __future__ import annotations
