@@ -439,6 +439,9 @@ def make_plan(args, flags: dict | None = None):
             uncheckpointed = [b for (p, ck), b in bases.items() if ck == "none"]
             floor, fastest = step_floor(d.only(space), uncheckpointed, ctx=ctx, links=links)
             best = result.best
+            if fastest is None:  # every one of its candidates breaks a rule: the search would drop them all
+                header.append(f"{d.flag}: {d.value} not traced: none of its candidates is compatible here")
+                continue
             if best is not None and floor > best.step_s:
                 header.append(f"{d.flag}: {d.value} not traced: no {d.value} row can step faster than {floor:.4g} s "
                               f"here ({_floor_how(fastest, uncheckpointed[0])}), slower than the best plan's "
