@@ -380,8 +380,9 @@ def make_plan(args, flags: dict | None = None):
                       "blocks, so a traced basis leaves it out unless asked: --checkpointings none,every:2,full)")
     # A traced default plan on a GPU row searches without full checkpointing and fp32 first, and traces them
     # only where one of their rows could rank first (checked after the search: _Deferred).
+    # (the bound reads datasheet rates: not where a CPU row's rate or a compile speed-up is measured per pair)
     deferred = [d for d in (_FULL, _FP32) if used == "fast" and d.flag not in subsets and not flags["found"]
-                and d.value in getattr(space, d.flag) and d.applies(row, speedup)]
+                and speedup != "measure" and d.value in getattr(space, d.flag) and d.applies(row)]
     full_space = space
     for d in deferred:
         space = d.narrow(space)
@@ -592,8 +593,7 @@ class _Deferred:
     """The flag and the SearchSpace field that list it (``--precisions``, ``--checkpointings``)."""
     value: str
     applies: Callable
-    """``applies(device row, compile speed-up flag)``: whether ``plan.search.step_floor`` bounds its rows there
-    (a datasheet rate; a CPU row's rate and a measured compile speed-up are measured per pair)."""
+    """``applies(device row)``: whether it is deferred on that device."""
 
     def only(self, space):
         return dataclasses.replace(space, **{self.flag: (self.value,)})
@@ -607,10 +607,8 @@ class _Deferred:
         return dataclasses.replace(space, **{self.flag: tuple(v for v in getattr(full, self.flag) if v in kept)})
 
 
-_FULL = _Deferred(flag="checkpointings", value="full",
-                  applies=lambda row, speedup: row.peak_row is not None and speedup != "measure")
-_FP32 = _Deferred(flag="precisions", value=PrecisionName.FP32,
-                  applies=lambda row, speedup: _fp32_slow(row) and speedup != "measure")
+_FULL = _Deferred(flag="checkpointings", value="full", applies=lambda row: row.peak_row is not None)
+_FP32 = _Deferred(flag="precisions", value=PrecisionName.FP32, applies=_fp32_slow)
 
 
 def _offload_source(offloads: tuple[str, ...], host_bw: float | None, row) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterable, Iterator
+from itertools import compress
 from typing import Any
 
 import torch
@@ -136,6 +137,14 @@ def _scalar_stub(t: torch.Tensor) -> Any:
     return 1  # counts
 
 
+def _item(func, args, kwargs) -> Any:
+    """``.item()`` (``_local_scalar_dense``) under fake tensors: the value where the fake tensor knows it."""
+    try:  # a fake tensor that knows its value (a constant, e.g. Adam's step count)
+        return func(*args, **kwargs)
+    except Exception:  # data-dependent: the value is unknowable without running
+        return _scalar_stub(args[0])
+
+
 class ScalarStubs(TorchDispatchMode):
     """Answers ``.item()`` on a fake tensor with the healthy path's value (:func:`_scalar_stub`) where the value
     is unknowable, and counts nothing: for the fake steps whose memory is not measured (a model's init, the
@@ -144,10 +153,7 @@ class ScalarStubs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _aten._local_scalar_dense.default:
-            try:  # a fake tensor that knows its value (a constant, e.g. Adam's step count)
-                return func(*args, **kwargs)
-            except Exception:  # data-dependent: the value is unknowable without running
-                return _scalar_stub(args[0])
+            return _item(func, args, kwargs)
         return func(*args, **kwargs)
 
 
@@ -307,11 +313,9 @@ class MemoryTracker(TorchDispatchMode):
         e.nbytes = n
 
     def _sweep(self, keys: Iterable[int]) -> None:
-        if not any(map(_expired, keys)):  # most ops free nothing: checked without a Python loop
-            if self.track_resizes:
-                self._refresh_sizes(keys)
-            return
-        for key in [k for k in keys if _expired(k)]:  # key: the storage's cdata, held weakly
+        # key: the storage's cdata, held weakly; the expired ones found in one pass without a Python loop (it runs
+        # after every op, and most ops free nothing)
+        for key in list(compress(keys, map(_expired, keys))):
             e = self._entries.pop(key)
             self._volatile.discard(key)
             self.totals[e.part] -= e.nbytes
@@ -410,10 +414,7 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _aten._local_scalar_dense.default and self.stub_scalars:
-            try:  # a fake tensor that knows its value (a constant, e.g. Adam's step count)
-                return func(*args, **kwargs)
-            except Exception:  # data-dependent: the value is unknowable without running
-                return _scalar_stub(args[0])
+            return _item(func, args, kwargs)
         out = func(*args, **kwargs)
         entries = self._entries
         for t in _tensors(args):

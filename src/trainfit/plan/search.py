@@ -193,14 +193,15 @@ def step_floor(space: SearchSpace, uncheckpointed: list[Basis], *, ctx: Context,
     first = uncheckpointed[0]
     lean = dataclasses.replace(first, grad_comm_bytes=min(b.grad_comm_bytes for b in uncheckpointed),
                                param_comm_bytes=min(b.param_comm_bytes for b in uncheckpointed))
+    priced = {(p, ck): dataclasses.replace(
+        lean, precision=p, checkpointing=ck, hardware_flops_per_sample=first.model_flops_per_sample
+        + (first.full_recompute_flops_per_sample if ck == "full" else 0.0))
+        for p in space.precisions for ck in space.checkpointings}
     best: tuple[float, Candidate | None] = (math.inf, None)
     for c in candidates(dataclasses.replace(space, offloads=("",))):
         if broken_rules(c, ctx):
             continue
-        recompute = first.full_recompute_flops_per_sample if c.checkpointing == "full" else 0.0
-        b = dataclasses.replace(lean, precision=c.precision, checkpointing=c.checkpointing,
-                                hardware_flops_per_sample=first.model_flops_per_sample + recompute)
-        t = step_time(b, c, links(c.precision, c.checkpointing)).step_s
+        t = step_time(priced[(c.precision, c.checkpointing)], c, links(c.precision, c.checkpointing)).step_s
         if t < best[0]:
             best = (t, c)
     return best
