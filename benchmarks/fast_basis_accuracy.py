@@ -29,7 +29,8 @@ from trainfit.config import make_config  # noqa: E402
 from trainfit.plan.basis import BASIS_BATCHES, basis_from_reports  # noqa: E402
 from trainfit.plan.cost import Candidate, memory  # noqa: E402
 from trainfit.probes.estimate import estimate_memory  # noqa: E402
-from trainfit.probes.fastbasis import fast_basis, model_units  # noqa: E402
+from trainfit.probes.estimate import model_units  # noqa: E402
+from trainfit.probes.fastbasis import fast_basis  # noqa: E402
 
 CASES = {
     "gpt2": ("hf:GPT2LMHeadModel", "n_layer=6,n_embd=64,n_head=4,vocab_size=512,n_positions=64"),

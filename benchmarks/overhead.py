@@ -46,7 +46,7 @@ import trainfit  # noqa: E402
 from trainfit.config import RunConfig  # noqa: E402
 from trainfit.run import Run  # noqa: E402
 from trainfit.strategies import Single  # noqa: E402
-from trainfit.tasks import make_task  # noqa: E402
+from trainfit.tasks.make import make_task  # noqa: E402
 
 VARIANTS = ("hand", "trainfit", "trainfit-run", "accelerate", "fabric")
 PRECISIONS = ("fp32", "bf16-mixed")

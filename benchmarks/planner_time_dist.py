@@ -50,7 +50,7 @@ def rank_main(rank: int, root: Path, model: dict) -> None:
 
     from trainfit.config import make_config
     from trainfit.probes.calibrate import measure_step_s
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     task = make_task(model["model"], model_config=model["model_config"], seq_len=model["seq_len"])
     n = sum(p.numel() for p in task.build_model().parameters())

@@ -33,7 +33,7 @@ import trainfit  # noqa: E402
 from trainfit.levers.precision import AutocastMixed, HalfWithMaster, make_precision  # noqa: E402
 from trainfit.levers.scaler import NoScaler  # noqa: E402
 from trainfit.probes.verify import fp16_underflow_fraction  # noqa: E402
-from trainfit.tasks import make_task  # noqa: E402
+from trainfit.tasks.make import make_task  # noqa: E402
 from trainfit.vocabulary import precision_facts  # noqa: E402
 
 MODEL_CONFIG = "n_layer=2,d_model=64,n_head=2"

@@ -1,7 +1,7 @@
 """Deterministic data order split across ranks."""
 
 from trainfit.data import global_indices, rank_micro_batches
-from trainfit.tasks import make_task
+from trainfit.tasks.make import make_task
 
 
 def test_each_sample_once_per_epoch_across_ranks():

@@ -50,7 +50,8 @@ from trainfit.levers.precision import Precision
 from trainfit.presets import GPT_PRESETS, GPTConfig
 from trainfit.strategies.base import unwrap
 from trainfit.strategies.dist_checkpoint import list_dcp
-from trainfit.tasks.files import DataSpec, load_text_data
+from trainfit.tasks.files import load_text_data
+from trainfit.tasks.spec import DataSpec
 from trainfit.tasks.gpt import GPT
 from trainfit.tasks.hf import WEIGHTS, WEIGHTS_INDEX, pretrained_dir, quiet_progress
 from trainfit.vocabulary import parse_lora

@@ -33,7 +33,8 @@ from trainfit.levers.precision import Precision, make_precision
 from trainfit.levers.schedule import advance, make_scheduler, restore_scheduler
 from trainfit.meters.timers import NULL_TIMER, Timer
 from trainfit.strategies import Strategy, make_strategy
-from trainfit.tasks import Task, task_of  # noqa: F401 -- task_of: re-exported (probes import it from here)
+from trainfit.tasks.base import Task
+from trainfit.tasks.make import task_of  # noqa: F401 -- re-exported (probes import it from here)
 from trainfit.vocabulary import Optimizer, parse_lora
 
 

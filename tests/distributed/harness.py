@@ -48,7 +48,7 @@ def reference_params(steps: int, *, global_batch: int = 8, autocast_dtype: torch
                      seed: int = 0, optimizer: str = "sgd") -> list[dict[str, torch.Tensor]]:
     """Plain PyTorch, one process, one big batch per step: params after each step (index = step)."""
     from trainfit.data import global_indices
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
     from trainfit.tasks.synthetic import IGNORE_INDEX
 
     task = make_task("gpt-tiny", model_config=TINY, seq_len=BASE["seq_len"], seed=seed,
@@ -78,7 +78,7 @@ def read_dcp_model(path: Path) -> dict[str, torch.Tensor]:
     """The full model weights of a sharded checkpoint, read by DCP into a plain model (no process group)."""
     import torch.distributed.checkpoint as dcp
 
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     model = make_task("gpt-tiny", model_config=TINY, seq_len=BASE["seq_len"], seed=0,
                       dataset_size=BASE["dataset_size"]).build_model()

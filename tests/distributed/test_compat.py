@@ -99,7 +99,7 @@ def test_memory_estimate_per_rank_for_any_world_without_processes(capsys):
     import json
 
     from trainfit.cli import main
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     flags = ["memory", "--estimate", "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "8", "--batch", "2",
              "--optimizer", "adamw", "--json"]

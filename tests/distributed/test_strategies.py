@@ -131,7 +131,7 @@ def test_memory_per_rank_matches_the_sharding_and_the_estimate(job):
     cfg = dataclasses.replace(memory_cfg(job, "zero1"), strategy="single")
     full = measure_memory(cfg)
     unsharded = {p: getattr(full, f"{p}_bytes") for p in ("params", "grads", "optimizer")}
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     shapes = [p.shape for p in make_task(cfg.model, model_config=cfg.model_config, seq_len=cfg.seq_len,
                                          dataset_size=cfg.dataset_size).build_model().parameters()]

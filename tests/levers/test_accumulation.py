@@ -7,7 +7,7 @@ from torch.nn import functional as F
 from trainfit.engine import optimizer_step
 from trainfit.levers.accumulation import AccumulationWindow, loss_weight, warn_if_batchnorm
 from trainfit.levers.precision import make_precision
-from trainfit.tasks import make_task
+from trainfit.tasks.make import make_task
 from trainfit.tasks.synthetic import IGNORE_INDEX
 
 TINY = "n_layer=2,d_model=32,n_head=2"

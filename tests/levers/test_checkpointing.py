@@ -14,7 +14,7 @@ from trainfit.levers.checkpointing import (
     parse_checkpoint_policy,
     select_blocks,
 )
-from trainfit.tasks import make_task
+from trainfit.tasks.make import make_task
 
 TINY = "n_layer=4,d_model=32,n_head=2"
 

@@ -15,7 +15,7 @@ from trainfit.plan import recompute
 from trainfit.plan.shapes import TransformerShape
 from trainfit.probes.estimate import estimate_memory
 from trainfit.probes.memory import measure_memory
-from trainfit.tasks import make_task
+from trainfit.tasks.make import make_task
 
 GPT = "n_layer=2,d_model=32,n_head=2"
 LLAMA = "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=2,vocab_size=64"

@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from trainfit.config import RunConfig
-from trainfit.tasks import make_task
+from trainfit.tasks.make import make_task
 from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules
 
 TINY = dict(model_config="n_layer=1,d_model=32,n_head=2,dropout=0.1", seq_len=16, micro_batch=2, accumulation=2,

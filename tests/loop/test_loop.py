@@ -29,7 +29,7 @@ def test_eval_every_logs_the_token_weighted_val_loss_of_the_weights_at_that_step
     log = metrics(tmp_path)
     assert [("val_loss" in r) for r in log] == [False, True, True]  # every 2 steps and at the end
     # the reference: plain PyTorch on the checkpointed weights of steps 2 and 3, every validation sample
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     task = make_task("gpt-tiny", model_config=TINY["model_config"], seq_len=TINY["seq_len"])
     ds = val_dataset()

@@ -20,7 +20,7 @@ def _measure(rank, root):
 
 
 def test_zero3_per_rank_parts_are_the_local_shards(tmp_path):
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     model = make_task("gpt-tiny", model_config=CFG["model_config"], seq_len=16).build_model()
     shapes = [p.shape for p in model.parameters()]

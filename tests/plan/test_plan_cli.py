@@ -201,3 +201,32 @@ def test_a_traced_basis_searches_none_and_full_unless_asked_and_says_so(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {e["checkpointing"] for e in out["plans"]} == {"none", "every:2"}
     assert not any(n.startswith("checkpointing searched") for n in out["notes"])
+
+
+_IMPORTS = ("import json, sys; from trainfit.cli import main; rc = main(sys.argv[1:]); "
+            "print(json.dumps({'rc': rc, 'imported': sorted({'torch', 'transformers'} & set(sys.modules))}), "
+            "file=sys.stderr)")
+
+
+@pytest.mark.hf
+def test_a_plan_that_traces_nothing_imports_neither_torch_nor_transformers(capsys):
+    """A GPU-target plan whose bases are all cached (and an analytic one, cold) builds nothing, so it imports
+    neither torch nor the model's library: those imports were most of its 2-3 s on a small machine. The cached
+    plan prints the plans the cold one did."""
+    import os
+    import subprocess
+    import sys
+
+    gpu = ["--device", "h100", "--devices", "8", "--global-batch", "64", "--seq", "64", "--device-memory", "80GiB",
+           "--json"]
+    traced = ["plan", "--model", "hf:GPT2LMHeadModel", "--model-config",
+              "n_layer=3,n_embd=64,n_head=4,vocab_size=300,n_positions=64", "--basis", "fast", *gpu]
+    assert main(traced) == 0  # cold: traced in this process (which has torch), and cached
+    cold = json.loads(capsys.readouterr().out)
+    for args in (traced, ["plan", "--model", "llama-70b", *gpu]):
+        done = subprocess.run([sys.executable, "-c", _IMPORTS, *args], capture_output=True, text=True,
+                              env=os.environ.copy(), timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stderr.strip().splitlines()[-1]) == {"rc": 0, "imported": []}, args
+        if args is traced:
+            assert json.loads(done.stdout)["plans"] == cold["plans"]

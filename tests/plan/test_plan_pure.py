@@ -33,7 +33,7 @@ def cand(**kw) -> Candidate:
 
 
 def test_gpt_shape_counts_the_real_model_parameters():
-    from trainfit.tasks import make_task
+    from trainfit.tasks.make import make_task
 
     for name, cfg in [("gpt-tiny", ""), ("gpt-tiny", "n_layer=3,d_model=48,n_head=4"), ("gpt-small", "")]:
         task = make_task(name, model_config=cfg, seq_len=64)

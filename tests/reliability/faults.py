@@ -9,7 +9,7 @@ steps (1-based, counted from the start of this process's run):
 * ``nan-loss``: the loss value is NaN (so are its gradients).
 
 Use :func:`patch_make_task` to make ``trainfit.run.build_run`` build faulty tasks in-process (it builds its
-task through ``trainfit.tasks.task_of``, which calls ``trainfit.tasks.make_task``).
+task through ``trainfit.tasks.make.task_of``, which calls ``trainfit.tasks.make.make_task``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def faulty_task(task, *, bad_steps: set[int], kind: str, accumulation: int):
 
 
 def patch_make_task(monkeypatch, *, bad_steps, kind: str, accumulation: int) -> None:
-    import trainfit.tasks as tasks_mod
+    import trainfit.tasks.make as tasks_mod
 
     real = tasks_mod.make_task
 

@@ -11,7 +11,7 @@ from trainfit.errors import ConfigError
 pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 
-from trainfit.tasks import make_task  # noqa: E402
+from trainfit.tasks.make import make_task  # noqa: E402
 
 LLAMA = ("hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=2,num_key_value_heads=1,"
          "vocab_size=64,max_position_embeddings=32")

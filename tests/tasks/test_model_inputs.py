@@ -1,7 +1,7 @@
 """Issue 17, the model side: a bad ``--model-config`` or a user model that breaks the protocol is one
 line on stderr naming the key (or the callable and the rule it broke) and exit 2, never a traceback.
 
-Every command builds the task the same way (``tasks.make_task``), so the cases are spread over
+Every command builds the task the same way (``tasks.make.make_task``), so the cases are spread over
 ``train``, ``memory`` and ``verify``.
 """
 
@@ -17,7 +17,7 @@ import torch
 from trainfit.cli import main
 from trainfit.errors import ConfigError, ModelError
 from trainfit.presets import CNN_MAX_CLASSES, CNNConfig, GPTConfig
-from trainfit.tasks import make_task
+from trainfit.tasks.make import make_task
 
 
 PROGRESS = re.compile(r"^\s*\d+%\|.*step/s")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from trainfit.errors import ModelError
-from trainfit.tasks import GenericTask, make_task
+from trainfit.tasks.base import GenericTask
+from trainfit.tasks.make import make_task
 
 HERE = Path(__file__).resolve().parent.parent / "measure"
 

@@ -27,7 +27,8 @@ from trainfit.probes.profile import task_flop_counter
 from trainfit.report.plots import plot_memory
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
-from trainfit.tasks.files import DataSpec, load_text_data
+from trainfit.tasks.files import load_text_data
+from trainfit.tasks.spec import DataSpec
 from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.run import task_of
 from trainfit.vocabulary import PART_LABELS, parse_checkpoint_policy

@@ -9,8 +9,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
@@ -40,14 +39,14 @@ from trainfit.probes.fastbasis import (
     basis_provider,
     cache_dir,
     cache_key,
+    check_task,
     links_provider,
     prefetch,
     read_record,
     write_record,
 )
 from trainfit.results import PlanReport, PlanRow
-from trainfit.tasks import make_task
-from trainfit.tasks.files import DataSpec, TextData, check_model_fits, load_text_data
+from trainfit.tasks.spec import DataSpec, check_model_fits
 from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import (
     Dtype,
@@ -63,6 +62,9 @@ from trainfit.vocabulary import (
     precision_facts,
     strategy_facts,
 )
+
+if TYPE_CHECKING:
+    from trainfit.tasks.files import TextData
 
 
 FILE_DATA_FLAGS = {
@@ -238,15 +240,16 @@ def hf_config_keys(spec: str) -> Collection[str] | None:
         return None
 
 
-def check_model(model: str, model_config: str, seq: int, *, data: DataSpec | None = None) -> PlannedModel:
-    """The model to plan for, refused exactly where ``trainfit train`` would refuse it, before any search."""
-    planned = plan_model(model, model_config, seq_len=seq, config_keys=hf_config_keys)
+def check_model(job_cfg) -> PlannedModel:
+    """The model of the job in ``job_cfg`` to plan for, refused exactly where ``trainfit train`` would refuse it,
+    before any search."""
+    planned = plan_model(job_cfg.model, job_cfg.model_config, seq_len=job_cfg.seq_len, config_keys=hf_config_keys)
     if planned.check_task:  # train's own checks: token rules, transformers' validation, the user's callable
-        make_task(planned.model, model_config=planned.model_config, seq_len=seq, data=data)
+        check_task(make_config({"model": planned.model, "model_config": planned.model_config}, base=job_cfg))
     return planned
 
 
-def checked_model(job_cfg, *, data: DataSpec | None = None) -> PlannedModel:
+def checked_model(job_cfg) -> PlannedModel:
     """:func:`check_model` of the job in ``job_cfg``, remembered in the basis cache under the same key rules
     (the model, its config, the sequence, the data and every file they name, the versions of torch,
     transformers and trainfit's source): a job accepted once is not built again, which spares importing
@@ -261,9 +264,16 @@ def checked_model(job_cfg, *, data: DataSpec | None = None) -> PlannedModel:
                                 notes=tuple(record["notes"]), check_task=record["check_task"])
         except (KeyError, TypeError):  # another layout: check again
             pass
-    planned = check_model(job_cfg.model, job_cfg.model_config, job_cfg.seq_len, data=data)
+    planned = check_model(job_cfg)
     write_record("checked", key, dataclasses.asdict(planned))
     return planned
+
+
+def _read_data(spec: DataSpec) -> TextData:
+    # lazy: reading data builds its datasets (torch); a plan of generated data, cached, never imports torch
+    from trainfit.tasks.files import load_text_data
+
+    return load_text_data(spec)
 
 
 def data_model_config(model: str, model_config: str, text: TextData | None) -> str:
@@ -350,10 +360,10 @@ def make_plan(args, flags: dict | None = None):
     job = {"lora": args.lora, "freeze": args.freeze,
            **{k: getattr(args, k) for k in FILE_DATA_FLAGS if getattr(args, k, None) is not None}}
     spec = DataSpec.from_config(make_config({"seq_len": seq, **job}))  # None: the task's generated data
-    text = load_text_data(spec) if spec is not None else None  # read (and refused) as train reads it
+    text = _read_data(spec) if spec is not None else None  # read (and refused) as train reads it
     job_cfg = make_config({"model": args.model, "model_config": data_model_config(args.model, args.model_config, text),
                            "seq_len": seq, **job})
-    planned = checked_model(job_cfg, data=spec)
+    planned = checked_model(job_cfg)
     if text is not None and planned.shape is not None:  # train's own refusals (check_task may skip the task)
         check_model_fits(text, vocab_size=planned.shape.vocab_size, max_positions=None, seq_len=seq,
                          model=planned.model)
@@ -414,9 +424,6 @@ def make_plan(args, flags: dict | None = None):
     dist_rows = ()
     with contextlib.ExitStack() as scope:
         if args.calibrate:
-            # lazy: calibration builds and steps runs here; a plan without --calibrate never imports the run
-            from trainfit.probes.calibrate import calibrated_links, with_dist_overhead
-
             if row.peak_row is not None:
                 raise ConfigError("calibrate", True, "--device cpu", "calibration measures steps on this machine's CPU")
             if devices > 1:
@@ -424,14 +431,14 @@ def make_plan(args, flags: dict | None = None):
                 # several processes per host): fit the compute at that. calibrated_links measures
                 # lazily, during the search, so the setting holds until the search is done.
                 scope.enter_context(_torch_threads(1))
-            links = calibrated_links(base, links, basis)
+            links = _calibrate().calibrated_links(base, links, basis)
             if devices > 1:
                 # gloo ranks on one CPU pay more than link time: FSDP2's per-unit work, each collective's
                 # wait for its peer. Measured on 2 processes here and fitted per (strategy, grad_sync).
                 print("plan: measuring the distributed overhead on 2 gloo processes (about a minute) ...",
                       file=sys.stderr, flush=True)
-                links, dist_rows = with_dist_overhead(links, base, basis, world=2,
-                                                      strategies=subsets.get("strategies"))
+                links, dist_rows = _calibrate().with_dist_overhead(links, base, basis, world=2,
+                                                                   strategies=subsets.get("strategies"))
         if speedup is not None:
             links, compile_note = _with_compile_speedup(links, base, speedup)
             header.append(compile_note)
@@ -477,18 +484,24 @@ def make_plan(args, flags: dict | None = None):
     return result, base, devices // nodes, used, space, len(header)
 
 
+def _calibrate():
+    """``trainfit.probes.calibrate``, imported on first use."""
+    # lazy: calibration and the measured compile speed-up build, compile and step runs here; a plan that
+    # measures nothing never imports the run
+    import trainfit.probes.calibrate as calibrate
+
+    return calibrate
+
+
 def _with_compile_speedup(links, base, speedup):
     """``links`` carrying the compile speed-up (given, or measured per pair on this CPU) and its source line."""
     if speedup != "measure":
         return ((lambda p, ck="none": dataclasses.replace(links(p, ck), compile_speedup=speedup)),
                 f"compile: compute priced at {speedup:g}x the eager speed (--compile-speedup, as given); memory "
                 "as eager")
-    # lazy: measuring builds, compiles and steps runs here; a plan that does not measure never imports the run
-    from trainfit.probes.calibrate import compile_speedup_links
-
     print("plan: measuring eager vs compiled steps of this model (a compile per pair; minutes when inductor's "
           "cache is cold) ...", file=sys.stderr, flush=True)
-    return (compile_speedup_links(base, links),
+    return (_calibrate().compile_speedup_links(base, links),
             "compile: compute priced at the eager/compiled step ratio measured on this CPU per (precision, "
             "checkpointing), interleaved steps at the basis micro-batch (probes.compile.measure_compile_speedup); "
             "memory as eager")
@@ -496,6 +509,8 @@ def _with_compile_speedup(links, base, speedup):
 
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
+    import torch  # a calibrating plan's: the others never import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

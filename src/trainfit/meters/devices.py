@@ -16,8 +16,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from trainfit.errors import ConfigError
 from trainfit.vocabulary import TORCH_DTYPE_NAMES, Dtype, precision_facts
 
@@ -162,8 +160,6 @@ def dtypes_of(row: DeviceRow) -> tuple[str, ...]:
     return tuple(k for k in (FP32, BF16, FP16) if peak and k in peak.peak_tflops)
 
 
-_TORCH_DTYPES = {d: getattr(torch, name) for d, name in TORCH_DTYPE_NAMES.items()}
-
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
@@ -192,11 +188,13 @@ def calibrate_cpu(dtype: str = FP32, *, size: int | None = None, seconds: float 
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not valid; allowed: one of: {', '.join(DTYPES)}")
+    import torch  # here, not at the top: the device table is read by plans that build nothing
+
     # Half-precision CPU matmuls are far slower: keep them small so calibration stays short.
     size = size or (512 if dtype in (FP32, TF32) else 256)
     threads = torch.get_num_threads()
-    a = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
-    b = torch.randn(size, size, dtype=_TORCH_DTYPES[dtype])
+    a = torch.randn(size, size, dtype=getattr(torch, TORCH_DTYPE_NAMES[dtype]))
+    b = torch.randn(size, size, dtype=getattr(torch, TORCH_DTYPE_NAMES[dtype]))
     torch.set_num_threads(1)
     try:
         torch.mm(a, b)  # warm-up
@@ -270,6 +268,8 @@ def measure_host_copy(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
     same memory: the copy the offload lever makes (a saved activation, a gradient to its host buffer) is a
     memcpy. On a GPU the link is the datasheet's (``DEVICES[name].host_bytes_per_s``). Costs ~0.1 s.
     """
+    import torch  # here, as in calibrate_cpu: only a calibrating plan measures
+
     src = torch.empty(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch: page faults are not the copy

@@ -151,7 +151,7 @@ class PlannedModel:
     """The analytic shape, or None when the basis must come from the memory estimator."""
     notes: tuple[str, ...] = ()
     check_task: bool = True
-    """The task builder (``trainfit.tasks.make_task``: train's own checks, ``transformers``' validation)
+    """The task builder (``trainfit.tasks.make.make_task``: train's own checks, ``transformers``' validation)
     must still see this config before planning; False where this module checked all of it."""
 
 

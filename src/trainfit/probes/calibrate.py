@@ -21,8 +21,8 @@ from trainfit.config import RunConfig, make_config
 from trainfit.plan.basis import basis_from_reports
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
 from trainfit.probes.compile import measure_compile_speedup
-from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory
-from trainfit.probes.fastbasis import BASIS_SOURCES, basis_provider, links_provider, model_units  # noqa: F401 -- re-exported
+from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory, model_units
+from trainfit.probes.fastbasis import BASIS_SOURCES, basis_provider, links_provider  # noqa: F401 -- re-exported
 from trainfit.probes.memory import example_batch, measure_memory
 from trainfit.probes.profile import task_flop_counter
 from trainfit.run import build_run, task_of

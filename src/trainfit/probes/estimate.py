@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -371,6 +372,20 @@ def shard_parts(report: MemoryReport, strategy: str, world_size: int) -> MemoryR
 
 
 # -- windows for the planner's basis ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def model_units(cfg: RunConfig) -> tuple[int, int, float]:
+    """(blocks, trainable parameter tensors, parameters of the largest FSDP unit: a block or the root,
+    as ``strategies/zero.py`` wraps them), from the full model built on the meta device (nothing allocated)."""
+    task = task_of(cfg)
+    with torch.device("meta"):
+        meta = task.build_model()
+        blocks = task.block_names(meta)
+        n_tensors = sum(1 for p in meta.parameters() if p.requires_grad)
+        per_block = [sum(p.numel() for p in meta.get_submodule(name).parameters()) for name in blocks]
+        total = sum(p.numel() for p in meta.parameters())
+    return max(len(blocks), 1), n_tensors, float(max([*per_block, total - sum(per_block)]))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,15 +35,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from trainfit.config import RunConfig, make_config
 from trainfit.errors import ConfigError
 from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
 from trainfit.plan.basis import BASIS_BATCHES, analytic_basis, basis_from_reports
 from trainfit.plan.cost import Basis, Links
 from trainfit.plan.shapes import shape_of
-from trainfit.tasks import task_of
 from trainfit.vocabulary import PRECISIONS, PrecisionName, StrategyName, precision_facts
 
 BASIS_VERSION = 1
@@ -99,7 +96,7 @@ def cache_key(cfg: RunConfig, *, target: str) -> str:
     hf = _version("transformers")
     d = cfg.to_dict()
     values = {"fields": {k: d[k] for k in KEY_FIELDS}, "target": target, "files": _file_stamps(cfg),
-              "torch": torch.__version__, "transformers": hf, "trainfit": _source_digest(),
+              "torch": _version("torch"), "transformers": hf, "trainfit": _source_digest(),
               "version": BASIS_VERSION, "batches": BASIS_BATCHES}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -139,20 +136,6 @@ def write_cached(key: str, basis: Basis) -> Path | None:
     return write_record("basis", key, dataclasses.asdict(basis))
 
 
-@functools.lru_cache(maxsize=8)
-def model_units(cfg: RunConfig) -> tuple[int, int, float]:
-    """(blocks, trainable parameter tensors, parameters of the largest FSDP unit: a block or the root,
-    as ``strategies/zero.py`` wraps them), from the full model built on the meta device (nothing allocated)."""
-    task = task_of(cfg)
-    with torch.device("meta"):
-        meta = task.build_model()
-        blocks = task.block_names(meta)
-        n_tensors = sum(1 for p in meta.parameters() if p.requires_grad)
-        per_block = [sum(p.numel() for p in meta.get_submodule(name).parameters()) for name in blocks]
-        total = sum(p.numel() for p in meta.parameters())
-    return max(len(blocks), 1), n_tensors, float(max([*per_block, total - sum(per_block)]))
-
-
 TRACED_AS = {PrecisionName.FP16_MIXED: PrecisionName.BF16_MIXED, PrecisionName.FP16_TRUE: PrecisionName.BF16_TRUE}
 """Precisions whose trace is another's: fp16 and bf16 have the same element size and the same autocast op
 lists, so every tensor of the step has the same bytes; the fp16 policies add the loss scaler's fp32 scale
@@ -190,13 +173,20 @@ def _model_flops(base_cfg: RunConfig, precision: str, target: str, use_cache: bo
     return fast_basis(base_cfg, precision, "none", target=target, use_cache=use_cache).hardware_flops_per_sample
 
 
-def _window_reports():
-    """``trainfit.probes.estimate.window_reports``, imported on first use."""
-    # lazy: the estimator builds runs (torch.distributed.tensor, a model's library); a plan whose bases are all
-    # cached needs none of it (seconds of imports on a small machine)
-    from trainfit.probes.estimate import window_reports
+def _estimator():
+    """``trainfit.probes.estimate`` -- the traces, the model built on the meta device, the task -- imported on
+    first use."""
+    # lazy: the estimator imports torch and builds runs (torch.distributed.tensor, a model's library); a plan
+    # whose bases are all cached needs none of it (seconds of imports on a small machine)
+    import trainfit.probes.estimate as estimate
 
-    return window_reports
+    return estimate
+
+
+def check_task(cfg: RunConfig) -> None:
+    """Build ``cfg``'s task as ``trainfit train`` would (its token rules, ``transformers``' validation, the
+    user's callable), for the refusals it raises."""
+    _estimator().task_of(cfg)
 
 
 def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, target: str = "cpu",
@@ -212,12 +202,12 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
         if cached is not None:
             return _as_cached(cached)
     t0 = time.perf_counter()
-    windows = _window_reports()(cfg, target=target)
+    windows = _estimator().window_reports(cfg, target=target)
     (r1, r2, q1, q2), how, hw_flops = windows.reports, windows.how, windows.hardware_flops_per_sample
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
     model_flops = hw_flops if checkpointing == "none" else _model_flops(base_cfg, precision, target, use_cache)
-    n_blocks, n_tensors, max_unit = model_units(dataclasses.replace(cfg, precision=base_cfg.precision,
-                                                               checkpointing=base_cfg.checkpointing))
+    units_cfg = dataclasses.replace(cfg, precision=base_cfg.precision, checkpointing=base_cfg.checkpointing)
+    n_blocks, n_tensors, max_unit = _estimator().model_units(units_cfg)  # one build for every pair
     basis = basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
                                n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
                                max_unit_params=max_unit)
@@ -233,6 +223,8 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
 
 def _traced(args: tuple) -> dict:
     """In a forked worker: one pair's basis as plain values (one torch thread: the workers share the CPUs)."""
+    import torch  # the worker's own setting (this module does not import torch: a cached plan never needs it)
+
     base_cfg, precision, checkpointing, target = args
     torch.set_num_threads(1)
     return dataclasses.asdict(fast_basis(base_cfg, precision, checkpointing, target=target))
@@ -277,8 +269,7 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
                      f"processes, cached in {cache_dir()} ...")
     else:
         # the model's library and the estimator imported once here: the forked workers start with them
-        model_units(_pair_cfg(base_cfg, *missing[0]))
-        _window_reports()  # imported before forking
+        _estimator().model_units(_pair_cfg(base_cfg, *missing[0]))
         if progress is not None:
             progress(f"tracing the basis of {len(missing)} (precision, checkpointing) pairs on {workers} processes, "
                      f"cached in {cache_dir()} ...")

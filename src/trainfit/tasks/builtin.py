@@ -11,7 +11,8 @@ from trainfit.errors import ConfigError
 from trainfit.presets import GPT_PRESETS, CNNConfig, GPTConfig
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.cnn import SmallCNN
-from trainfit.tasks.files import DataSpec, check_model_fits, load_text_data, note
+from trainfit.tasks.files import load_text_data, note
+from trainfit.tasks.spec import DataSpec, check_model_fits
 from trainfit.tasks.gpt import GPT
 from trainfit.tasks.synthetic import (
     IGNORE_INDEX,

@@ -38,7 +38,8 @@ from trainfit.errors import ConfigError, ModelError, TrainfitError, check_int
 from trainfit.presets import check_kv_heads
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
-from trainfit.tasks.files import DataSpec, check_model_fits, load_text_data
+from trainfit.tasks.files import load_text_data
+from trainfit.tasks.spec import DataSpec, check_model_fits
 from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, check_token_rules, collate_tokens
 
 HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration", "ForSequenceClassification",
