@@ -89,6 +89,25 @@ def test_llama_analytic_shape_is_checked_against_the_general_basis():
             # gap recorded for the next change to the shape, not hidden: the check is that it stays within 25%.
             assert f == pytest.approx(e, rel=0.25)
         assert formula.model_flops_per_sample == pytest.approx(traced.model_flops_per_sample, rel=0.05)
+        # what full checkpointing recomputes: each block's forward but the down projection (torch stops there)
+        assert (formula.hardware_flops_per_sample - formula.model_flops_per_sample
+                == pytest.approx(traced.hardware_flops_per_sample - traced.model_flops_per_sample, rel=0.02))
+
+
+def test_analytic_full_checkpointing_recomputes_what_the_trace_counts():
+    """The built-in GPT's analytic shape prices full checkpointing's recompute as the trace counts it: every
+    block's forward but its MLP down projection (the hand count of the test above, per block)."""
+    s, d, n = 32, 32, 5
+    base = make_config({"model": "gpt-tiny", "model_config": f"n_layer={n},d_model={d}", "seq_len": s})
+    formula = analytic_basis(shape_of(base.model, base.model_config, seq_len=s), precision="fp32",
+                             checkpointing="full", seq_len=s)
+    traced = fast_basis(base, "fp32", "full")
+    by_hand = n * (6 * s * d * d + 4 * s * s * d + 2 * s * d * d + 8 * s * d * d)
+    recompute = formula.hardware_flops_per_sample - formula.model_flops_per_sample
+    assert traced.hardware_flops_per_sample - traced.model_flops_per_sample == by_hand
+    # the shape prices a block at 2 FLOPs per parameter, so it also counts the biases of qkv, proj and fc (8d)
+    # and the two LayerNorms' (4d), which FlopCounterMode leaves out
+    assert recompute == by_hand + n * s * 2 * (8 * d + 4 * d)
 
 
 def test_a_second_plan_reads_the_cache_and_a_changed_job_does_not():

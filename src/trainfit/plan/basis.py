@@ -83,7 +83,10 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
         elif i in ckpt:
             kept += d * rb  # a checkpointed block keeps only its input
             recomputed = max(recomputed, tok)
-            recompute += f_i
+            # rerun up to its last saved tensor, the down projection's input; with --freeze or --lora that may
+            # be an adapter's or an earlier input, so the whole forward is priced there (an upper bound)
+            whole = bool(t.frozen_inputs[i] or t.adapter_elems[i] or t.adapter_mask_bytes[i])
+            recompute += f_i - (0.0 if whole else shape.down_flops_per_token)
         else:
             kept += tok
         bwd += 2 * f_i - 2 * t.frozen_weight_params[i]  # input gradients, and weight gradients that train

@@ -118,6 +118,16 @@ class TransformerShape:
     def block_forward_flops_per_token(self, seq_len: int) -> float:
         return 2.0 * self.block_params + 4.0 * seq_len * self.q_dim
 
+    @property
+    def down_flops_per_token(self) -> float:
+        """Forward FLOPs per token of the block's last matmul, the MLP's down projection (bias included, as in
+        :meth:`block_forward_flops_per_token`). Its output feeds only the residual add, which saves nothing, so
+        torch's non-reentrant checkpoint stops recomputing a block once that projection's input is back: full
+        checkpointing reruns every block's forward but this matmul (both families end so; a block ending in
+        dropout, as hf GPT-2's does, saves its mask last and reruns everything)."""
+        bias = self.d_model if self.family == "gpt" or self.mlp_bias else 0
+        return 2.0 * (self.d_ff * self.d_model + bias)
+
 
 # -- the model configs plan reads --------------------------------------------------------------------------------------
 LLAMA = "hf:LlamaForCausalLM"
