@@ -193,8 +193,9 @@ def calibrate_cpu(dtype: str = FP32, *, size: int | None = None, seconds: float 
     # Half-precision CPU matmuls are far slower: keep them small so calibration stays short.
     size = size or (512 if dtype in (FP32, TF32) else 256)
     threads = torch.get_num_threads()
-    a = torch.randn(size, size, dtype=getattr(torch, TORCH_DTYPE_NAMES[dtype]))
-    b = torch.randn(size, size, dtype=getattr(torch, TORCH_DTYPE_NAMES[dtype]))
+    torch_dtype = getattr(torch, TORCH_DTYPE_NAMES[dtype])
+    a = torch.randn(size, size, dtype=torch_dtype)
+    b = torch.randn(size, size, dtype=torch_dtype)
     torch.set_num_threads(1)
     try:
         torch.mm(a, b)  # warm-up

@@ -85,7 +85,7 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
             recomputed = max(recomputed, tok)
             # rerun up to its last saved tensor, the down projection's input; with --freeze or --lora that may
             # be an adapter's or an earlier input, so the whole forward is priced there (an upper bound)
-            whole = bool(t.frozen_inputs[i] or t.adapter_elems[i] or t.adapter_mask_bytes[i])
+            whole = bool(t.frozen_inputs[i] or t.adapter_elems[i])  # (an adapter saves at least A's r outputs)
             recompute += f_i - (0.0 if whole else shape.down_flops_per_token)
         else:
             kept += tok

@@ -189,6 +189,12 @@ def check_task(cfg: RunConfig) -> None:
     _estimator().task_of(cfg)
 
 
+def _model_units(base_cfg: RunConfig) -> tuple[int, int, float]:
+    """``probes.estimate.model_units`` of the job: the same config for every pair (precision and checkpointing
+    change no parameter), so one meta build serves them all, and the forked workers inherit it."""
+    return _estimator().model_units(_pair_cfg(base_cfg, base_cfg.precision, base_cfg.checkpointing.spec))
+
+
 def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, target: str = "cpu",
                use_cache: bool = True) -> Basis:
     """The basis of ``base_cfg``'s model for one (precision, checkpointing) pair: from the cache, or traced."""
@@ -206,8 +212,7 @@ def fast_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, targe
     (r1, r2, q1, q2), how, hw_flops = windows.reports, windows.how, windows.hardware_flops_per_sample
     # Model FLOPs leave checkpointing's recompute out: those of the same step without checkpointing.
     model_flops = hw_flops if checkpointing == "none" else _model_flops(base_cfg, precision, target, use_cache)
-    units_cfg = dataclasses.replace(cfg, precision=base_cfg.precision, checkpointing=base_cfg.checkpointing)
-    n_blocks, n_tensors, max_unit = _estimator().model_units(units_cfg)  # one build for every pair
+    n_blocks, n_tensors, max_unit = _model_units(base_cfg)
     basis = basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
                                n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
                                max_unit_params=max_unit)
@@ -268,8 +273,9 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
                      f"{len(missing)} more (precision, checkpointing) pairs on {max(workers, 1)} "
                      f"processes, cached in {cache_dir()} ...")
     else:
-        # the model's library and the estimator imported once here: the forked workers start with them
-        _estimator().model_units(_pair_cfg(base_cfg, *missing[0]))
+        # the model's library and the estimator imported, and the model's units counted, once here: the forked
+        # workers start with them
+        _model_units(base_cfg)
         if progress is not None:
             progress(f"tracing the basis of {len(missing)} (precision, checkpointing) pairs on {workers} processes, "
                      f"cached in {cache_dir()} ...")
