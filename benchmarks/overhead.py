@@ -20,6 +20,9 @@ Needs ``pip install -r benchmarks/requirements.txt`` (accelerate, lightning); no
 
     .venv/bin/python benchmarks/overhead.py            # ~10 min on a loaded 2-core CPU
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run
+    # the fixed cost of trainfit alone, results under another name (before/after a change; old code: PYTHONPATH)
+    .venv/bin/python benchmarks/overhead.py --only tiny --tiny-rounds 150 --block 20 \
+        --variants trainfit trainfit-run --name overhead_after_1
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from _common import RESULTS, write_results  # noqa: E402
 
 import trainfit  # noqa: E402
 from trainfit.config import RunConfig  # noqa: E402
+from trainfit.levers.schedule import make_scheduler  # noqa: E402
 from trainfit.run import Run  # noqa: E402
 from trainfit.strategies import Single  # noqa: E402
 from trainfit.tasks.make import make_task  # noqa: E402
@@ -95,8 +99,10 @@ def trainfit_run_loop(model, loss_fn, count_fn, precision):
     prec.prepare(model)
     opt = torch.optim.AdamW(prec.optimizer_params(model), lr=3e-3)
     task = SimpleNamespace(loss=loss_fn, count=count_fn)  # Run.step reads only these two of its task
-    run = Run(cfg=RunConfig(grad_clip=CLIP), task=task, model=model, precision=prec, strategy=Single(),
-              optimizer=opt)
+    cfg = RunConfig(grad_clip=CLIP)
+    # the schedule build_run gives every run (constant, no warm-up: the lr stays 3e-3 to the bit), moved by Run.step
+    run = Run(cfg=cfg, task=task, model=model, precision=prec, strategy=Single(), optimizer=opt,
+              scheduler=make_scheduler(opt, cfg))
 
     def step(mbs):
         return run.step(mbs).loss
@@ -196,9 +202,9 @@ def median_ci(values: list[float], n_boot: int = 2000) -> dict:
     return {"median_ci95": [meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]]}
 
 
-def build(job, precision):
+def build(job, precision, variants=VARIANTS):
     model, loss_fn, count_fn, windows = job
-    return {v: LOOPS[v](copy.deepcopy(model), loss_fn, count_fn, precision) for v in VARIANTS}, windows
+    return {v: LOOPS[v](copy.deepcopy(model), loss_fn, count_fn, precision) for v in variants}, windows
 
 
 def interleave(steps, windows, *, rounds: int, block: int, warmup: int, rng: random.Random):
@@ -245,17 +251,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few rounds only (smoke test; not for results)")
     ap.add_argument("--only", choices=("gpt", "tiny"), help="run one of the two measurements")
     ap.add_argument("--markdown-only", action="store_true", help="rewrite overhead.md from overhead.json")
+    ap.add_argument("--name", default="overhead", help="results file name (benchmarks/results/NAME.json and .md)")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                    help="loops to run (hand is always one: the others are measured against it)")
     args = ap.parse_args()
     if args.markdown_only:
         import json
 
-        res = json.loads((RESULTS / "overhead.json").read_text())
-        head = (RESULTS / "overhead.md").read_text().split("\n\n## ", 1)[0]
-        (RESULTS / "overhead.md").write_text(head + "\n\n" + markdown(res) + "\n")
+        res = json.loads((RESULTS / f"{args.name}.json").read_text())
+        head = (RESULTS / f"{args.name}.md").read_text().split("\n\n## ", 1)[0]
+        (RESULTS / f"{args.name}.md").write_text(head + "\n\n" + markdown(res) + "\n")
         return
     if args.quick:
         args.gpt_rounds, args.tiny_rounds, args.block = 2, 3, 10
     torch.set_num_threads(args.threads)
+    variants = [v for v in VARIANTS if v == "hand" or v in args.variants]
     warnings.filterwarnings("ignore")  # Fabric warns that no_backward_sync is a no-op on one device
     rng = random.Random(0)
     import accelerate
@@ -266,17 +276,17 @@ def main() -> None:
                      "threads": args.threads, "accumulation": ACCUM, "gpt": {}, "tiny": {}}
     for prec in PRECISIONS:
         if args.only != "tiny":
-            steps, windows = build(gpt_job(8), prec)
+            steps, windows = build(gpt_job(8), prec, variants)
             t, c, l = interleave(steps, windows, rounds=args.gpt_rounds, block=1, warmup=2, rng=rng)
             results["gpt"][prec] = summarise(t, c, l)
             print_rows(f"gpt-tiny {prec}", results["gpt"][prec])
         if args.only != "gpt":
-            steps, windows = build(linear_job(8), prec)
+            steps, windows = build(linear_job(8), prec, variants)
             t, c, l = interleave(steps, windows, rounds=args.tiny_rounds, block=args.block, warmup=2, rng=rng)
             results["tiny"][prec] = summarise(t, c, l)
             print_rows(f"Linear(32,32) {prec}", results["tiny"][prec])
     results["settings"] = vars(args)
-    old = RESULTS / "overhead.json"
+    old = RESULTS / f"{args.name}.json"
     if args.only and old.exists():  # re-measured one part: keep the other from the last full run
         import json
 
@@ -286,10 +296,11 @@ def main() -> None:
         results["settings_" + other] = prev.get("settings_" + other, prev.get("settings"))
         results["commands"] = {**prev.get("commands", {}), args.only: "python " + " ".join(sys.argv)}
     else:
-        results["commands"] = {part: "python " + " ".join(sys.argv) for part in ("gpt", "tiny")}
+        results["commands"] = {part: "python " + " ".join(sys.argv) for part in ("gpt", "tiny")
+                               if args.only in (None, part)}
     results["settings_" + (args.only or "all")] = vars(args)
     if not args.quick:
-        write_results("overhead", results, markdown(results))
+        write_results(args.name, results, markdown(results))
 
 
 def print_rows(title: str, rows: dict) -> None:

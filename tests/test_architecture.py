@@ -2,11 +2,15 @@
 
 Reads every module of ``src/trainfit`` with :mod:`ast` (nothing is imported or run). The rules are the
 ones ``docs/architecture.md`` states; a failure names the file, the import and the rule it breaks.
+An import is any of three kinds: at module level, inside a function (lazy), or
+``importlib.import_module("trainfit....")`` with a literal name (an f-string's literal head, such as
+``f"trainfit.commands.{name}"``, stands for every module under it). All three go down and close no cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -45,11 +49,16 @@ def _layer(module: str) -> int:
 
 class Imports(ast.NodeVisitor):
     """Module-level imports (run when the module loads, or read for annotations under ``TYPE_CHECKING``: those
-    go down too) and function-local ones, with line numbers."""
+    go down too), function-local ones and ``importlib.import_module`` calls, with line numbers; and the names
+    each ``from X import name`` takes (for the private-name rule)."""
 
     def __init__(self) -> None:
         self.top: list[tuple[str, int]] = []
         self.local: list[tuple[str, int]] = []
+        self.dynamic: list[tuple[str, int]] = []
+        """``import_module`` targets: a module name, or a prefix ending in ``.`` (an f-string's literal head)."""
+        self.names: list[tuple[str, str, int]] = []
+        """``(module, name, line)`` of every ``from module import name``."""
         self._depth = 0
 
     def _func(self, node) -> None:
@@ -69,9 +78,24 @@ class Imports(ast.NodeVisitor):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module:
             self._add(node.module, node.lineno)
-            if node.module == "trainfit" or node.module.endswith(".plan") or node.module.endswith(".probes"):
-                for a in node.names:  # ``from trainfit.plan import comm`` imports trainfit.plan.comm
-                    self._add(f"{node.module}.{a.name}", node.lineno)
+            for a in node.names:  # ``from trainfit.plan import comm`` imports trainfit.plan.comm (kept if a module)
+                self.names.append((node.module, a.name, node.lineno))
+                self._add(f"{node.module}.{a.name}", node.lineno)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if called == "import_module" and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                self.dynamic.append((arg.value, node.lineno))
+            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+                self.dynamic.append((str(arg.values[0].value), node.lineno))  # a prefix: f"trainfit.commands.{x}"
+        self.generic_visit(node)
+
+
+TREES: dict[str, ast.Module] = {}
+"""Each module's syntax tree, parsed once."""
 
 
 def _modules() -> dict[str, tuple[Path, Imports, list[str]]]:
@@ -79,7 +103,8 @@ def _modules() -> dict[str, tuple[Path, Imports, list[str]]]:
     for path in sorted(SRC.rglob("*.py")):
         text = path.read_text()
         v = Imports()
-        v.visit(ast.parse(text))
+        TREES[_module_name(path)] = tree = ast.parse(text)
+        v.visit(tree)
         out[_module_name(path)] = (path, v, text.splitlines())
     return out
 
@@ -95,6 +120,24 @@ def _trainfit(imports: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return [(n, line) for n, line in imports if n.startswith("trainfit") and _is_module(n)]
 
 
+def _resolved(dynamic: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``import_module`` targets as modules: a full name as it is, a prefix as every module under it."""
+    out = []
+    for name, line in dynamic:
+        if not name.startswith("trainfit"):
+            continue
+        if name.endswith("."):
+            out += [(m, line) for m in MODULES if m.startswith(name)]
+        elif _is_module(name):
+            out.append((name, line))
+    return out
+
+
+def _all_imports(v: Imports) -> list[tuple[str, int]]:
+    """Every trainfit module a module imports: at module level, lazily or through importlib."""
+    return _trainfit(v.top) + _trainfit(v.local) + _resolved(v.dynamic)
+
+
 def test_the_source_was_found():
     assert len(MODULES) > 60 and "trainfit.run" in MODULES and "trainfit.vocabulary" in MODULES
 
@@ -104,7 +147,7 @@ def test_imports_only_go_down():
     for mod, (path, v, _) in MODULES.items():
         if mod == "trainfit":
             continue  # the package face re-exports the public API
-        for name, line in _trainfit(v.top):
+        for name, line in _all_imports(v):
             if _layer(name) > _layer(mod):
                 bad.append(f"{path.relative_to(SRC.parent)}:{line} imports {name} (layer {_layer(name)} > "
                            f"{_layer(mod)})")
@@ -164,32 +207,104 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle():
-    edges = {mod: {n for n, _ in _trainfit(v.top) if n != mod and not mod.startswith(n + ".")}
+    """No cycle of any kind: a lazy or importlib import that closes a loop is a cycle too (it only hides it
+    from the loader until the function runs)."""
+    edges = {mod: {n for n, _ in _all_imports(v) if n != mod and not mod.startswith(n + ".")}
              for mod, (_, v, _) in MODULES.items()}
-    assert _cycles(edges) == []
+    cycles = _cycles(edges)
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_the_import_reader_sees_lazy_and_importlib_imports():
+    """What the cycle and layer rules read: a function-local import and importlib's literal and f-string names."""
+    v = Imports()
+    v.visit(ast.parse("import importlib\nfrom trainfit import run\n"
+                      "def f(name):\n    from trainfit.probes.calibrate import report_basis\n"
+                      "    importlib.import_module('trainfit.engine')\n"
+                      "    importlib.import_module(f'trainfit.commands.{name}')\n"))
+    assert ("trainfit.run", 2) in _trainfit(v.top)
+    assert _trainfit(v.local) == [("trainfit.probes.calibrate", 4)]
+    resolved = {n for n, _ in _resolved(v.dynamic)}
+    assert "trainfit.engine" in resolved and "trainfit.commands.plan" in resolved and "trainfit.cli" not in resolved
+    assert ("trainfit.probes.calibrate", "report_basis", 4) in v.names
+    TREES["<test>"] = ast.parse("import trainfit.probes.verify as verify\nverify._x\n")
+    try:
+        assert _module_attributes("<test>") == [("trainfit.probes.verify", "_x", 2)]
+    finally:
+        del TREES["<test>"]
+
+
+def _package(mod: str) -> str:
+    """The package a module belongs to: itself for a package or a module directly under ``trainfit/`` (each of
+    those is a part of its own: run, engine, cli), else its parent."""
+    path = MODULES[mod][0]
+    return mod if path.name == "__init__.py" or path.parent == SRC else mod.rsplit(".", 1)[0]
+
+
+def _module_attributes(mod: str) -> list[tuple[str, str, int]]:
+    """``(module, name, line)`` for ``alias.name`` where ``alias`` is a trainfit module imported whole
+    (``import trainfit.probes.verify as verify``, ``from trainfit.probes import verify``)."""
+    aliases = {}
+    for node in ast.walk(TREES[mod]):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and _is_module(a.name)})
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                            if _is_module(f"{node.module}.{a.name}")})
+    return [(aliases[n.value.id], n.attr, n.lineno) for n in ast.walk(TREES[mod])
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases]
+
+
+def _private_imports() -> list[tuple[str, str, str, int]]:
+    """``(importer, module, name, line)`` for every underscore name taken from another package's module, by
+    ``from module import _name`` or as ``module._name``."""
+    out = []
+    for mod, (_, v, _) in MODULES.items():
+        for src, name, line in v.names + _module_attributes(mod):
+            private = name.startswith("_") and not name.startswith("__")
+            if private and _is_module(src) and _package(src) != _package(mod):
+                out.append((mod, src, name, line))
+    return out
+
+
+def test_no_private_name_crosses_a_package():
+    """A name with a leading underscore is its module's own: siblings in one package may share it (the
+    precision policies share ``_Base``), another package imports only public names."""
+    bad = [f"{mod}:{line} imports {name} from {src}" for mod, src, name, line in _private_imports()]
+    assert not bad, "\n".join(bad)
+
+
+def test_private_name_rule_tells_siblings_from_other_packages():
+    assert _package("trainfit.levers.precision.fp32") == _package("trainfit.levers.precision.base")
+    assert _package("trainfit.levers.precision") == "trainfit.levers.precision"
+    assert _package("trainfit.engine") != _package("trainfit.run")
+    assert _package("trainfit.integrations.frameworks") != _package("trainfit.probes.verify")
+
+
 def test_few_lazy_imports_each_with_its_reason():
-    lazy = [(mod, name, line, lines) for mod, (_, v, lines) in MODULES.items() for name, line in _trainfit(v.local)]
-    listing = "\n".join(f"{mod}:{line} {name}" for mod, name, line, _ in lazy)
+    # one entry per import statement (``from trainfit.tasks import hf`` names the package and the module)
+    lazy = {(mod, line): (name, lines) for mod, (_, v, lines) in MODULES.items() for name, line in _trainfit(v.local)}
+    listing = "\n".join(f"{mod}:{line} {name}" for (mod, line), (name, _) in lazy.items())
     assert len(lazy) <= MAX_LAZY_IMPORTS, listing
-    for mod, name, line, lines in lazy:
+    for (mod, line), (name, lines) in lazy.items():
         here, above = lines[line - 1], lines[line - 2]
         assert "#" in here or above.strip().startswith("#"), f"{mod}:{line} lazy import of {name} says not why"
+
+
+@functools.cache
+def _strings(mod: str) -> frozenset[str]:
+    """Every string constant in a module (walked once for all the names below)."""
+    return frozenset(n.value for n in ast.walk(TREES[mod]) if isinstance(n, ast.Constant) and isinstance(n.value, str))
 
 
 @pytest.mark.parametrize("name", [*PrecisionName, *StrategyName], ids=str)
 def test_a_lever_name_is_spelled_in_few_files(name):
     """The quoted name appears as a string constant in at most 3 files; everything else reads the vocabulary."""
-    files = []
-    for mod, (path, _, _) in MODULES.items():
-        tree = ast.parse(path.read_text())
-        if any(isinstance(n, ast.Constant) and n.value == str(name) for n in ast.walk(tree)):
-            files.append(str(path.relative_to(SRC)))
+    files = [str(path.relative_to(SRC)) for mod, (path, _, _) in MODULES.items() if str(name) in _strings(mod)]
     assert len(files) <= 3, files
 
 

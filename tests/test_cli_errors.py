@@ -1,18 +1,17 @@
 """Bad input: one clear line naming field/file and what is allowed, exit 2, nothing overwritten."""
 
 import hashlib
-import subprocess
-import sys
 
 import pytest
 import torch
 
-BASE = [sys.executable, "-m", "trainfit", "train", "--steps", "1", "--model-config", "n_layer=1,d_model=32,n_head=2",
-        "--seq", "16"]
+BASE = ["train", "--steps", "1", "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "16"]
 
 
-def _run(args, tmp_path):
-    return subprocess.run(BASE + ["--run-dir", str(tmp_path / "run")] + args, capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def _run(trainfit_cli):
+    """``trainfit train`` in this process (tests/conftest.py): the same stdout, stderr and exit status."""
+    return lambda args, tmp_path: trainfit_cli(*BASE, "--run-dir", tmp_path / "run", *args)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -27,7 +26,7 @@ def _run(args, tmp_path):
     (["--strategy", "zero3", "--precision", "bf16-true"], "precision='bf16-true' is not valid; allowed: fp32, "
                                                           "bf16-mixed or fp16-mixed with strategy=zero3"),
 ])
-def test_bad_flags(tmp_path, args, needle):
+def test_bad_flags(_run, tmp_path, args, needle):
     r = _run(args, tmp_path)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -35,23 +34,23 @@ def test_bad_flags(tmp_path, args, needle):
     assert not (tmp_path / "run").exists()
 
 
-def test_unknown_config_key(tmp_path):
+def test_unknown_config_key(trainfit_cli, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('precision = "fp32"\nmicro_bach = 4\n')
-    r = subprocess.run([sys.executable, "-m", "trainfit", "train", str(cfg)], capture_output=True, text=True, timeout=60)
+    r = trainfit_cli("train", cfg)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "config key='micro_bach' is not valid; allowed: one of:" in r.stderr and "micro_batch" in r.stderr
 
 
-def _checkpoint(tmp_path):
+def _checkpoint(_run, tmp_path):
     r = _run([], tmp_path)
     assert r.returncode == 0, r.stderr
     ckpt = tmp_path / "run" / "checkpoints" / "step-00000001.pt"
     return ckpt, hashlib.sha256(ckpt.read_bytes()).hexdigest()
 
 
-def test_corrupt_checkpoint_is_refused_and_kept(tmp_path):
-    ckpt, _ = _checkpoint(tmp_path)
+def test_corrupt_checkpoint_is_refused_and_kept(_run, tmp_path):
+    ckpt, _ = _checkpoint(_run, tmp_path)
     data = bytearray(ckpt.read_bytes())
     data[len(data) // 2] ^= 0xFF
     ckpt.write_bytes(bytes(data))
@@ -62,8 +61,8 @@ def test_corrupt_checkpoint_is_refused_and_kept(tmp_path):
     assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
 
 
-def test_foreign_checkpoint_is_refused(tmp_path):
-    ckpt, _ = _checkpoint(tmp_path)
+def test_foreign_checkpoint_is_refused(_run, tmp_path):
+    ckpt, _ = _checkpoint(_run, tmp_path)
     torch.save({"weights": torch.ones(3)}, ckpt)
     ckpt.with_suffix(".json").unlink()
     (ckpt.parent / "step-00000002.pt").write_bytes(b"not a checkpoint")
@@ -77,8 +76,8 @@ def test_foreign_checkpoint_is_refused(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("trainfit: error: no usable checkpoint")
 
 
-def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path):
-    ckpt, digest = _checkpoint(tmp_path)
+def test_existing_checkpoints_are_not_overwritten_without_resume(_run, tmp_path):
+    ckpt, digest = _checkpoint(_run, tmp_path)
     r = _run([], tmp_path)
     assert r.returncode == 2 and "pass --resume to continue it" in r.stderr
     assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest

@@ -1,8 +1,6 @@
 """The training loop: loss falls, resume is bitwise, the JSON summary is the only stdout."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -56,10 +54,9 @@ def test_loss_falls_on_the_default_task(tmp_path):
     assert s.skipped_steps == 0 and s.steps == 40 and s.effective_batch == 32
 
 
-def test_cli_json_is_the_only_stdout(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "trainfit", "train", "--steps", "2", "--model-config",
-                        "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--run-dir", str(tmp_path), "--json"],
-                       capture_output=True, text=True, timeout=120)
+def test_cli_json_is_the_only_stdout(trainfit_cli, tmp_path):
+    r = trainfit_cli("train", "--steps", "2", "--model-config", "n_layer=1,d_model=32,n_head=2", "--seq", "16",
+                     "--run-dir", tmp_path, "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {"steps", "final_loss", "skipped_steps", "tokens_per_s", "effective_batch"} <= out.keys()

@@ -3,13 +3,16 @@
 Layout under ``RUN_DIR/checkpoints``::
 
     step-00000050.pt     torch.save of plain containers and tensors (no pickled code)
-    step-00000050.json   {"sha256": ..., "bytes": ..., "step": 50, "format": ...}
+    step-00000050.json   {"sha256": ..., "bytes": ..., "step": 50, "format": ..., "config": {...}}
 
 The ``.pt`` is written to a temporary file, fsynced and renamed; the ``.json`` sidecar is
 written the same way *after* it, so a checkpoint without a matching sidecar is incomplete
 and ignored. On load the checksum is verified; a bad file is refused and the previous one
 is used. Only the newest ``keep`` checkpoints are kept. Sharded (multi-rank) checkpoints
 use torch.distributed.checkpoint instead (see strategies).
+
+Every checkpoint records its job (:func:`resume_record`: the config and its data's identity); the sidecar
+holds a copy, so a resume is compared with it before the checkpoint (or the data) is read.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from pathlib import Path
 
 import torch
 
+from trainfit.config import RunConfig
 from trainfit.errors import CheckpointError
+from trainfit.tasks.identity import FIELDS as DATA_FIELDS
+from trainfit.tasks.identity import data_identity, describe, same
 
 FORMAT = "trainfit-checkpoint-v1"
 
@@ -79,14 +85,29 @@ RESUME_KEYS = ("model", "model_config", "precision", "optimizer", "seed", "seq_l
 """Config fields a checkpoint must share with the run that resumes it (one-file and sharded alike);
 the global batch (micro_batch x accumulation x ranks) must match too, so the step stays the same.
 The learning-rate schedule is part of the job: a resumed run follows the curve it started on, so a
-changed lr, schedule, warm-up or min_lr is refused (a key an older checkpoint lacks is not compared)."""
+changed lr, schedule, warm-up or min_lr is refused (a key an older checkpoint lacks is not compared).
+The data is part of the job too: see :data:`DATA_IDENTITY`."""
+
+DATA_IDENTITY = "data_identity"
+"""The key of a recorded job that holds its data's identity (:mod:`trainfit.tasks.identity`: sources and their
+fingerprint, tokenizer, packing, text field, seq_len, validation split); each field is compared on resume."""
+
+
+def resume_record(cfg: RunConfig) -> dict:
+    """What a checkpoint records of its job and a resume compares: the config's values and its data's identity.
+
+    Raises:
+        ConfigError: the data cannot be found or its tokenizer read (naming the field).
+    """
+    return {**cfg.to_dict(), DATA_IDENTITY: data_identity(cfg)}
 
 DECAYING = ("linear", "cosine")
 """Schedules whose curve depends on ``steps``: resuming one with other ``steps`` would bend it mid-run."""
 
 
 def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: Path) -> None:
-    """Refuse a checkpoint written for another job: a different :data:`RESUME_KEYS` field or global batch.
+    """Refuse a checkpoint written for another job: a different :data:`RESUME_KEYS` field, other data
+    (:data:`DATA_IDENTITY`, when both ``saved`` and ``now`` hold it: see :func:`resume_record`) or global batch.
 
     Raises:
         CheckpointError: naming the field, both values and what to do.
@@ -100,6 +121,7 @@ def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: 
             f"checkpoint {path} was written with steps={saved['steps']!r} and a {now['schedule']} schedule, which "
             f"decays to min_lr at its last step; this run has steps={now['steps']!r}: resume with "
             f"steps={saved['steps']!r}, or start a new --run-dir with --init-from {path.parent.parent} for more steps")
+    _check_data(saved, now, path)
     if not {"micro_batch", "accumulation"} <= saved.keys():
         return  # written before the split was recorded: nothing to compare
     was = int(saved["micro_batch"]) * int(saved["accumulation"]) * saved_world
@@ -109,6 +131,27 @@ def check_resumable(saved: dict, saved_world: int, now: dict, world: int, path: 
             f"checkpoint {path} was written with a global batch of {was} samples per step ({saved_world} "
             f"rank{'s' if saved_world > 1 else ''}), this run has {have}; set global_batch={was} so the step "
             "stays the same")
+
+
+def _check_data(saved: dict, now: dict, path: Path) -> None:
+    """Refuse other data: the first field of :data:`~trainfit.tasks.identity.FIELDS` that differs, both values."""
+    old, new = saved.get(DATA_IDENTITY), now.get(DATA_IDENTITY)
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return  # written before the data's identity was recorded
+    for key in DATA_FIELDS:
+        if key in old and not same(key, old[key], new.get(key, "")):
+            raise CheckpointError(f"checkpoint {path} was written with {key}={describe(key, old[key])}, this run has "
+                                  f"{key}={describe(key, new.get(key, ''))}; resume with the same {key} or use a new "
+                                  "--run-dir")
+
+
+def first_cause(e: BaseException) -> str:
+    """The first line of ``e`` that names something: torch's ``load_state_dict`` error opens with a header
+    ("Error(s) in loading state_dict for GPT:") and names the tensor and both shapes on the next line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else type(e).__name__
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -131,7 +174,8 @@ def save_checkpoint(run_dir: str | Path, step: int, payload: dict, *, keep: int 
     data = buf.getvalue()
     path = d / f"step-{step:08d}.pt"
     atomic_write_bytes(path, data)
-    meta = {"format": FORMAT, "step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    meta = {"format": FORMAT, "step": step, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "config": payload.get("config")}  # the job, readable without loading the checkpoint (resume checks it)
     atomic_write_bytes(path.with_suffix(".json"), json.dumps(meta).encode())
     for old in list_checkpoints(run_dir)[:-keep]:
         old.with_suffix(".json").unlink(missing_ok=True)

@@ -8,34 +8,22 @@ Every user error prints one line ``trainfit: error: ...`` on stderr and exits 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 import warnings
-from pathlib import Path
-from typing import Any
 
-from trainfit.config import load_toml, make_config
-from trainfit.errors import ConfigError, TrainfitError
-from trainfit.outputs import owns
-from trainfit.presets import MODEL_HELP
-from trainfit.vocabulary import (
-    CHECKPOINT_SPECS,
-    PRECISIONS,
-    CompileMode,
-    CompileScope,
-    OffloadPart,
-    STRATEGIES,
-    GradSync,
-    LogSink,
-    Optimizer,
-    Schedule,
-    choices,
-)
+from trainfit.commands.flags import EXIT_USAGE, RUN_FLAGS, add_run_flags, config_from_args  # noqa: F401 -- re-exported
+from trainfit.errors import TrainfitError, one_line
+from trainfit.logs import held_until_accepted
 
-EXIT_USAGE = 2
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")
 """Subcommand modules under trainfit.commands, in help order."""
+
+HELD = ("train", "memory", "verify", "profile")
+"""Commands whose stderr is held until the job is accepted (``logs.accept``): a refusal prints one line, not
+the data, tokenizer and progress lines that came before it."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -44,117 +32,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(msg: str) -> int:
-    print(f"trainfit: error: {msg}", file=sys.stderr)
+    print(f"trainfit: error: {one_line(msg)}", file=sys.stderr)  # one line, however long the value it echoes
     return EXIT_USAGE
 
 
-RUN_FLAGS = {
-    "model": MODEL_HELP,
-    "model_config": "key=value,... overrides (or a JSON config path for hf: models)",
-    "seq_len": "longest sequence length in tokens",
-    "precision": choices(PRECISIONS) + " (default fp32)",
-    "micro_batch": "samples per micro-batch, or auto",
-    "accumulation": "micro-batches per optimizer step",
-    "checkpointing": choices(CHECKPOINT_SPECS),
-    "strategy": choices(STRATEGIES) + " (default single; the others need --devices N or torchrun)",
-    "grad_sync": f"{choices(GradSync)} ({choices(s.name for s in STRATEGIES.values() if len(s.grad_sync_choices) > 1)}"
-                 " with accumulation)",
-    "global_batch": "samples per optimizer step over all ranks (accumulation is derived from it)",
-    "optimizer": choices(Optimizer),
-    "lr": "learning rate",
-    "steps": "optimizer steps",
-    "seed": "random seed",
-    "run_dir": "directory for metrics.jsonl and checkpoints",
-    "checkpoint_every": "save a checkpoint every N optimizer steps",
-    "loader_workers": "DataLoader worker processes",
-    "memory_cap": "CPU stand-in for device memory, e.g. 2GiB",
-    "checkpoint_minutes": "also checkpoint when this many minutes passed since the last (default 30; 0: off)",
-    "data": "training data: text file, directory or glob of text files, .jsonl, .parquet, .csv, "
-            "or a `trainfit prepare` directory",
-    "text_field": "JSON Lines field / Parquet or CSV column holding the text (default text)",
-    "text_errors": "bytes that are not UTF-8: strict (refuse) or replace (U+FFFD)",
-    "tokenizer": "byte (default, nothing to download) or a directory holding a Hugging Face tokenizer.json",
-    "packing": "on: join documents with end-of-document and cut seq_len rows; off: one padded document per row",
-    "val_fraction": "fraction of the documents held out for validation",
-    "val_data": "validation data (any --data format)",
-    "init_from": "initialise the weights from a trainfit run directory",
-    "freeze": "comma-separated glob patterns of parameter names to freeze",
-    "lora": "LoRA adapters (peft): r=8,alpha=16,targets=q_proj,v_proj[,merge=true]",
-    "save_every": "also export RUN_DIR/model every N steps (always at the end)",
-    "schedule": "learning-rate schedule after warm-up: " + choices(Schedule),
-    "warmup_steps": "linear warm-up steps",
-    "min_lr": "learning rate the linear/cosine schedule ends at",
-    "weight_decay": "decoupled weight decay (not applied to biases, norms and embeddings)",
-    "eval_every": "validation loss every N steps and at the end",
-    "eval_batches": "micro-batches per rank per evaluation (0: all)",
-    "log": choices(LogSink) + " (metrics.jsonl is always written)",
-    "compile": "on/off: run the model through torch.compile",
-    "compile_mode": "torch.compile mode: " + choices(CompileMode),
-    "compile_scope": "what is compiled: " + choices(CompileScope),
-    "offload": "parts kept in host memory: none or comma-separated " + ", ".join(OffloadPart),
-}
-
-
-def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True) -> None:
-    """The flags that map onto RunConfig fields (``--micro-batch`` -> ``micro_batch``)."""
-    if config_positional:
-        p.add_argument("config", nargs="?", help="TOML config file (flags override it)")
-    for key, help_text in RUN_FLAGS.items():
-        flags = ["--" + key.replace("_", "-")]
-        if key == "seq_len":
-            flags.append("--seq")
-        p.add_argument(*flags, dest=key, help=help_text)
-
-
-def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **overrides: Any):
-    """TOML file (if any) < flags < explicit overrides -> a validated RunConfig.
-
-    Without a TOML file, ``--run-dir`` of an existing run (trainfit's ``config.toml`` there) supplies the
-    configuration, so ``memory``/``profile``/``verify`` pointed at a run measure that run; flags still
-    override it, and stderr says which was used.
-    """
-    values: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
-    if from_run_dir and not values and getattr(args, "run_dir", None):
-        values = _run_dir_config(args)
-    for key in RUN_FLAGS:
-        v = getattr(args, key, None)
-        if v is not None:
-            values[key] = v
-    values.update(overrides)
-    cfg = make_config(values)
-    _refuse_overridden(cfg, given={k for k in RUN_FLAGS if getattr(args, k, None) is not None})
-    return cfg
-
-
-def _run_dir_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The configuration of the run in ``--run-dir`` (empty when it holds none), said on stderr."""
-    path = Path(args.run_dir) / "config.toml"
-    if not (path.is_file() and owns(args.run_dir)):
-        return {}
-    values = load_toml(path)
-    flagged = [k for k in RUN_FLAGS if getattr(args, k, None) is not None and k not in ("run_dir", "steps")
-               and str(getattr(args, k)) != str(values.get(k))]
-    extra = ("; flags override " + ", ".join(f"{k}={getattr(args, k)}" for k in flagged)) if flagged else ""
-    print(f"trainfit: using the configuration of {path}{extra}", file=sys.stderr)
-    return values
-
-
-def _refuse_overridden(cfg, *, given: set[str]) -> None:
-    """An explicit ``--accumulation`` that ``--global-batch`` or ``--micro-batch auto`` would change is refused,
-    not silently replaced."""
-    if "accumulation" not in given:
-        return
-    if cfg.micro_batch == "auto":
-        raise ConfigError("accumulation", cfg.accumulation, "no --accumulation with --micro-batch auto",
-                          "auto-fit chooses the split of --global-batch itself")
-    if cfg.global_batch:
-        world = int(os.environ.get("WORLD_SIZE") or cfg.devices)
-        if cfg.micro_batch * cfg.accumulation * world != cfg.global_batch:
-            derived = cfg.global_batch / (cfg.micro_batch * world)
-            raise ConfigError(
-                "accumulation", cfg.accumulation,
-                f"global_batch / (micro_batch x ranks) = {cfg.global_batch} / ({cfg.micro_batch} x {world}) = "
-                f"{derived:g}", "give --global-batch or --accumulation, not two that disagree")
+# The run flags (RUN_FLAGS, add_run_flags, config_from_args and the refusals of flags that disagree or would be
+# ignored) live in trainfit/commands/flags.py, below both this module and the commands that use them.
 
 
 USAGE = """\
@@ -205,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     # transformers logs its own config warnings on stderr, several lines each; keep its errors (override: set it)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.formatwarning = _one_line_warning  # a warning is one line on stderr, not its source line too
+    refused = (TrainfitError, OSError, KeyboardInterrupt, SystemExit)  # what is held is dropped: one line
     try:
-        return int(args.func(args) or 0)
+        with held_until_accepted(dropped_on=refused) if args.command in HELD else contextlib.nullcontext():
+            return int(args.func(args) or 0)
     except TrainfitError as e:
         return fail(str(e))
     except OSError as e:  # the environment, not a bug: a full disk, no permission, a missing directory

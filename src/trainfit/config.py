@@ -16,7 +16,7 @@ from typing import Any, Literal
 import tomli_w
 import tomllib
 
-from trainfit.errors import ConfigError, check_choice, check_int, check_number
+from trainfit.errors import ConfigError, check_choice, check_int, check_number, check_patterns, check_unique_keys
 from trainfit.outputs import check_path_text
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
@@ -30,6 +30,7 @@ from trainfit.vocabulary import (
     Schedule,
     StrategyName,
     TextErrors,
+    canonical_precision,
     check_compatible,
     parse_checkpoint_policy,
     parse_lora,
@@ -119,9 +120,10 @@ class RunConfig:
     """The field (JSON Lines) or column (Parquet, CSV) that holds each document's text."""
     text_errors: TextErrors = TextErrors.STRICT
     """Bytes that are not UTF-8 in a text file: "strict" refuses the file naming the offset, "replace" reads U+FFFD."""
-    tokenizer: str = "byte"
+    tokenizer: str = ""
     """"byte" (256 byte ids + an end-of-document id; nothing to download) or a directory with a Hugging Face
-    ``tokenizer.json``."""
+    ``tokenizer.json``; "" (not given): the model's own (``hf:DIR`` holding tokenizer.json), else the one a prepared
+    ``data`` directory was made with, else byte. ``trainfit train`` records the one it used in config.toml."""
     packing: bool = True
     """True: documents joined with an end-of-document token and cut into seq_len rows (pretraining); False: one
     document per row, truncated to seq_len and padded, padding not counted by the loss (fine-tuning)."""
@@ -210,7 +212,7 @@ class RunConfig:
                 check_path_text(key, getattr(self, key))
         if not self.text_field.strip():
             raise ConfigError("text_field", self.text_field, "a non-empty field or column name")
-        if not self.tokenizer.strip():
+        if self.tokenizer and not self.tokenizer.strip():
             raise ConfigError("tokenizer", self.tokenizer, '"byte" or a directory holding tokenizer.json')
         if not isinstance(self.packing, bool):
             raise ConfigError("packing", self.packing, "on or off (true or false)")
@@ -224,7 +226,9 @@ class RunConfig:
             raise ConfigError("val_fraction" if self.val_fraction else "val_data",
                               self.val_fraction or self.val_data, "a validation split of --data",
                               "pass --data PATH; the generated data has no validation split")
+        check_unique_keys("lora", self.lora)
         parse_lora(self.lora)  # refuses a malformed spec, naming lora.<key>
+        check_patterns("freeze", self.freeze)
         if not isinstance(self.compile, bool):
             raise ConfigError("compile", self.compile, "on or off (true or false)")
         parse_offload(self.offload)  # refuses an unknown part, naming offload
@@ -259,6 +263,8 @@ def coerce(key: str, value: Any) -> Any:
         return 0 if value in (0, "0", "", None) else parse_bytes(key, value)
     if key == "micro_batch" and value == "auto":
         return value
+    if key == "precision":  # Lightning's and the HF Trainer's spellings (vocabulary.PRECISION_ALIASES)
+        return canonical_precision(value)
     default = getattr(RunConfig(), key)
     if isinstance(default, bool):
         if isinstance(value, str) and value.lower() in _BOOLS:

@@ -66,14 +66,23 @@ def optimizer_step(
     # One autocast context per step, entered around each micro-batch's forward + loss (never backward):
     # built once, not per micro-batch -- part of the step's fixed cost (benchmarks/overhead.py).
     autocast = precision.autocast(strategy.device.type)
+    # Phase timers and the offload's saved-tensors context change no number: when neither is given, each
+    # micro-batch enters autocast alone. Their no-op contexts, entered per micro-batch, were ~100 us of a
+    # loaded machine's bf16 step (issue 29; benchmarks/results/overhead_before_*.md).
+    observed = timer is not NULL_TIMER or activations is not None
     saved = activations if activations is not None else contextlib.nullcontext()
     loss_total = 0.0  # becomes a tensor on the loss's device at the first micro-batch (no extra allocation)
     for mb, is_last in window:
         with strategy.sync_context(model, is_last):  # DDP/FSDP: no gradient sync until the last
-            with autocast, saved, timer.phase("forward"):  # forward + loss only
-                loss_sum, _ = loss_fn(model, mb)
-            with timer.phase("backward_sync" if is_last else "backward"):  # the last one also syncs grads
-                precision.backward(loss_sum * window.weight)  # scaled by the loss scale where needed
+            if observed:
+                with autocast, saved, timer.phase("forward"):  # forward + loss only
+                    loss_sum, _ = loss_fn(model, mb)
+                with timer.phase("backward_sync" if is_last else "backward"):  # the last one also syncs grads
+                    precision.backward(loss_sum * window.weight)  # scaled by the loss scale where needed
+            else:
+                with autocast:
+                    loss_sum, _ = loss_fn(model, mb)
+                precision.backward(loss_sum * window.weight)
         loss_total += loss_sum.detach().float()
 
     strategy.all_reduce_sum(loss_total)

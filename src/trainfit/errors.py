@@ -7,7 +7,34 @@ never a traceback. Internal invariants use ``assert``; user input never does.
 from __future__ import annotations
 
 import enum
+import reprlib
 from collections.abc import Iterable
+
+SHOWN_CHARS = 200
+"""Longest echo of a user's value in a message (a 330-byte YAML file can expand to a 226 MB value)."""
+
+LINE_CHARS = 1200
+"""Longest error line the CLI prints (the value, what is allowed and the fix together)."""
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, SHOWN_CHARS, SHOWN_CHARS, SHOWN_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 8
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` bounded to ``limit`` characters, without building the whole repr first (nested
+    containers are cut at 3 levels and 8 items, long strings in the middle)."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int beyond Python's digit limit
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def one_line(message: str, limit: int = LINE_CHARS) -> str:
+    """``message`` as one line of at most ``limit`` characters (line breaks become spaces)."""
+    text = " ".join(message[:limit * 2].splitlines())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class TrainfitError(Exception):
@@ -22,7 +49,7 @@ class ConfigError(TrainfitError, ValueError):
             allowed = "one of: " + ", ".join(str(a) for a in allowed)
         if isinstance(value, enum.Enum):  # a typed name reads as the name the user typed
             value = value.value
-        msg = f"{field}={value!r} is not valid; allowed: {allowed}"
+        msg = f"{field}={shown(value)} is not valid; allowed: {allowed}"
         if fix:
             msg += f" ({fix})"
         super().__init__(msg)
@@ -63,3 +90,20 @@ def check_number(field: str, value: object, *, minimum: float, inclusive: bool =
     if not ok:
         op = ">=" if inclusive else ">"
         raise ConfigError(field, value, f"a finite number {op} {minimum}")
+
+
+def check_unique_keys(field: str, spec: str) -> None:
+    """``key=value,...`` naming each key once: a repeated key is refused (the last would silently win)."""
+    seen: set[str] = set()
+    for part in spec.split(","):
+        key, eq, _ = (s.strip() for s in part.partition("="))
+        if eq and key in seen:
+            raise ConfigError(f"{field}.{key}", spec, "each key once", f"{key} is given twice; keep one")
+        seen.add(key)
+
+
+def check_patterns(field: str, spec: str) -> None:
+    """Comma-separated patterns, none empty (``--freeze ','`` would freeze nothing and say nothing)."""
+    if spec and any(not p.strip() for p in spec.split(",")):
+        raise ConfigError(field, spec, "comma-separated non-empty patterns", "drop the empty one (',,' or an "
+                          "end comma)" if spec.strip(", ") else "give a pattern, or leave the option out")

@@ -1,9 +1,13 @@
-"""Where the per-step metrics go besides ``metrics.jsonl``: TensorBoard event files (``--log tensorboard``).
+"""Where the per-step metrics go besides ``metrics.jsonl`` (TensorBoard event files, ``--log tensorboard``), and
+where stderr goes before a job is accepted.
 
 Pure core: :func:`scalars` maps one metrics.jsonl record to TensorBoard tags (the same numbers, no
 rounding). Shell: :func:`open_log` returns a sink with ``write(step, record)`` / ``close()`` -- a
 :class:`TensorBoardLog` on rank 0 when asked for, otherwise :data:`NULL_LOG`, whose methods do nothing
 (the loop has no branches).
+
+Before a job is accepted, stderr itself is held (:func:`held_until_accepted`, :func:`accept`): a refused
+command prints its one error line alone, not the info lines and bars that came before it.
 
 TensorBoard needs the ``tensorboard`` package (``pip install 'trainfit[tensorboard]'``); it is imported
 only when asked for, and its absence is one line naming the extra, before any work.
@@ -11,7 +15,10 @@ only when asked for, and its absence is one line naming the extra, before any wo
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +111,73 @@ def open_log(sink: LogSink, run_dir: Path, *, start: int, rank: int):
     if sink == LogSink.TENSORBOARD and rank == 0:
         return TensorBoardLog(run_dir, start=start)
     return NULL_LOG
+
+
+# -- stderr until the job is accepted ----------------------------------------------------------------------------
+class _HeldStderr:
+    """``sys.stderr`` while a command is not yet accepted: what is written is held (info lines such as
+    ``data: ...``, warnings, a ``tokenizing`` bar), printed when the job is accepted and dropped when it is
+    refused -- so a refusal is one line. Once released it writes through (a logger or bar that kept it still
+    prints)."""
+
+    def __init__(self, real) -> None:
+        self.real, self.parts, self.holding = real, [], True
+
+    def write(self, text: str) -> int:
+        if self.holding:
+            self.parts.append(text)
+        else:
+            self.real.write(text)
+        return len(text)
+
+    def release(self, *, show: bool) -> None:
+        if self.holding and show:
+            self.real.write("".join(self.parts))
+            self.real.flush()
+        self.parts, self.holding = [], False
+
+    def flush(self) -> None:
+        if not self.holding:
+            self.real.flush()
+
+    def isatty(self) -> bool:  # a held bar must not redraw in place: it is printed later, or never
+        return False if self.holding else self.real.isatty()
+
+    def __getattr__(self, name: str):  # encoding, errors, ... of the stream it stands for
+        return getattr(self.real, name)
+
+
+_HELD: list[_HeldStderr] = []
+
+
+@contextlib.contextmanager
+def held_until_accepted(*, dropped_on: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Hold stderr until :func:`accept` (or the end of the block); an exception of ``dropped_on`` (a refusal)
+    drops what was held, any other prints it (it helps read a traceback)."""
+    gate = _HeldStderr(sys.stderr)
+    sys.stderr = gate
+    _HELD.append(gate)
+    try:
+        yield
+    except BaseException as e:
+        gate.release(show=not isinstance(e, dropped_on))
+        raise
+    finally:
+        gate.release(show=True)  # a no-op when already released
+        _HELD.remove(gate)
+        if sys.stderr is gate:
+            sys.stderr = gate.real
+
+
+def holding() -> bool:
+    """Whether stderr is held: the command has not accepted its job yet (an error now is a refusal)."""
+    return any(gate.holding for gate in _HELD)
+
+
+def accept(*, show: bool = True) -> None:
+    """The job is accepted (its input checked, its work starting): print what was held (``show=False``: drop
+    it, e.g. the launcher's, whose workers say it again), write through from now."""
+    for gate in _HELD:
+        gate.release(show=show)
+        if sys.stderr is gate:
+            sys.stderr = gate.real

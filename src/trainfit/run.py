@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from trainfit.checkpoint import check_resumable, restore_rng, rng_state
+from trainfit.checkpoint import check_resumable, first_cause, restore_rng, resume_record, rng_state
 from trainfit.config import RunConfig
 from trainfit.engine import LossFn, StepResult, optimizer_step
 from trainfit.errors import CheckpointError, ConfigError
@@ -122,7 +122,7 @@ class Run:
         """The whole state of a one-file checkpoint after ``step`` optimizer steps."""
         return {
             "step": step,
-            "config": self.cfg.to_dict(),
+            "config": resume_record(self.cfg),  # the job and its data's identity, compared on resume
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
@@ -141,14 +141,13 @@ class Run:
         saved = state.get("config") or self.cfg.to_dict()  # a one-file checkpoint is written by one process
         if not isinstance(saved, dict):
             raise CheckpointError(f"checkpoint {path}: its config is not a table of settings")
-        check_resumable(saved, 1, self.cfg.to_dict(), self.strategy.world_size, path)
+        check_resumable(saved, 1, resume_record(self.cfg), self.strategy.world_size, path)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.precision.load_state_dict(state["precision"])
         except (KeyError, RuntimeError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: "
-                                  f"{str(e).splitlines()[0]}") from None
+            raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {first_cause(e)}") from None
         try:
             restore_rng(state["rng"], self.strategy.device)
             next_step = int(state["data"]["next_step"])

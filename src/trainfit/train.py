@@ -18,14 +18,21 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 import trainfit.logs as logs
-from trainfit.checkpoint import atomic_write_bytes, restore_rng, rng_state
+from trainfit.checkpoint import (
+    atomic_write_bytes,
+    check_resumable,
+    list_checkpoints,
+    restore_rng,
+    resume_record,
+    rng_state,
+)
 from trainfit.config import RunConfig, dump_toml
 from trainfit.engine import StepResult, evaluate
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
@@ -35,8 +42,9 @@ from trainfit.meters.timers import PhaseTimer
 from trainfit.outputs import check_run_dir, claim_run_dir
 from trainfit.run import Run, build_run
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
-from trainfit.strategies.dist_checkpoint import has_checkpoints
+from trainfit.strategies.dist_checkpoint import META, has_checkpoints, list_dcp
 from trainfit.tasks.base import to_device
+from trainfit.tasks.spec import DataSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +100,9 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     auto = cfg.micro_batch == "auto"
     cfg = resolve_auto(cfg, strategy.world_size)  # "auto" -> the starting split; auto-fit shrinks it
     cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> accumulation per rank
+    cfg = with_data_tokenizer(cfg)  # the tokenizer the data is read with, as config.toml records it
+    if resume:  # before the data is read or anything is built: another job's checkpoint is refused here
+        check_resume(cfg, strategy.world_size)
     run = build_run(cfg, strategy=strategy)
     st = run.strategy
     start = 0
@@ -112,6 +123,51 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
         if st.rank == 0 and created:
             remove_if_unstarted(run_dir)
         raise
+
+
+def with_data_tokenizer(cfg: RunConfig) -> RunConfig:
+    """``cfg`` naming the tokenizer its data is read with (:func:`~trainfit.tasks.spec.resolve_tokenizer`: the
+    one given, else the model's own, else a prepared directory's, else byte); unchanged without ``--data``.
+
+    Raises:
+        ConfigError: naming ``tokenizer`` (a prepared directory made with another tokenizer than the model's).
+    """
+    spec = DataSpec.from_config(cfg)
+    return cfg if spec is None else replace(cfg, tokenizer=spec.tokenizer)
+
+
+def check_resume(cfg: RunConfig, world_size: int) -> None:
+    """Refuse to resume ``cfg.run_dir`` with another job on ``world_size`` ranks
+    (:func:`~trainfit.checkpoint.check_resumable`: the model, the schedule, the global batch, the data's
+    identity), reading only what its newest checkpoint recorded: nothing is loaded, built or written first (the
+    ``--devices N`` launcher calls it before starting a worker). A checkpoint that recorded nothing is checked
+    when it loads.
+
+    Raises:
+        CheckpointError: naming the first field that differs, both values and what to do.
+        ConfigError: the data cannot be found, or its tokenizer is refused (naming the field).
+    """
+    found = recorded_job(Path(cfg.run_dir))
+    if found is not None:
+        path, saved, saved_world = found
+        cfg = with_data_tokenizer(fit_to_world(resolve_auto(cfg, world_size), world_size))  # as train() runs it
+        check_resumable(saved, saved_world, resume_record(cfg), world_size, path)
+
+
+def recorded_job(run_dir: Path) -> tuple[Path, dict, int] | None:
+    """(checkpoint, its recorded config, its world size) of the newest checkpoint in ``run_dir`` -- the one a
+    resume loads: the newest sharded one unless a one-file one is newer -- or None when it recorded none."""
+    sharded, single = list_dcp(run_dir), list_checkpoints(run_dir)
+    if not (sharded or single):
+        return None
+    is_sharded = bool(sharded) and (not single or sharded[-1].stem >= single[-1].stem)  # step-00000050: zero-padded
+    path = sharded[-1] if is_sharded else single[-1]
+    try:
+        meta = json.loads((path / META if is_sharded else path.with_suffix(".json")).read_text())
+        saved, world = meta.get("config"), int(meta.get("world_size", 1))  # a .pt is written by one process
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # unreadable: the load says why
+    return (path, saved, world) if isinstance(saved, dict) else None
 
 
 def refuse_checkpoints(run_dir: Path) -> None:
@@ -143,6 +199,7 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
         _trim_metrics(run_dir / "metrics.jsonl", start)
     metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
     board = logs.open_log(cfg.log, run_dir, start=start, rank=st.rank)  # TensorBoard on rank 0, or nothing
+    logs.accept()  # everything checked: the lines held on stderr (data, tokenizer, warnings) print now
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
     first_loss = math.nan
     res: StepResult | None = None

@@ -253,6 +253,31 @@ PRECISIONS: dict[PrecisionName, PrecisionFacts] = {p.name: p for p in (
 )}
 
 
+PRECISION_ALIASES: dict[str, tuple[PrecisionName, str]] = {
+    "32": (PrecisionName.FP32, "Lightning"), "32-true": (PrecisionName.FP32, "Lightning"),
+    "16": (PrecisionName.FP16_MIXED, "Lightning"), "16-mixed": (PrecisionName.FP16_MIXED, "Lightning"),
+    "fp16": (PrecisionName.FP16_MIXED, "Hugging Face fp16=True"),
+    "bf16": (PrecisionName.BF16_MIXED, "Lightning; Hugging Face bf16=True"),
+    "16-true": (PrecisionName.FP16_TRUE, "Lightning; trainfit adds an fp32 master copy"),
+}
+"""The precision spellings of Lightning (``precision=``) and the Hugging Face Trainer (``bf16``/``fp16``) ->
+trainfit's name and whose spelling it is. ``bf16-mixed`` and ``bf16-true`` are spelled the same in Lightning.
+Lightning's ``16-true``/``bf16-true`` update half weights; trainfit's keep an fp32 master copy the optimizer
+updates (same compute dtype, 4 more bytes per parameter)."""
+
+
+def canonical_precision(text: str) -> str:
+    """trainfit's name for a precision spelled another tool's way; any other text as given (validated later)."""
+    alias = PRECISION_ALIASES.get(text.strip().lower()) if isinstance(text, str) else None
+    return alias[0].value if alias else text
+
+
+def precision_alias_note(text: object) -> str | None:
+    """The info line echoing the canonical name of an alias (None when ``text`` is not one)."""
+    alias = PRECISION_ALIASES.get(text.strip().lower()) if isinstance(text, str) else None
+    return f"trainfit: precision {text.strip()} ({alias[1]}) is {alias[0].value}" if alias else None
+
+
 def precision_facts(name: str) -> PrecisionFacts:
     return PRECISIONS[PrecisionName(name)]
 

@@ -21,9 +21,9 @@ from trainfit.integrations.frameworks import (
     step_accelerate,
     step_hf_trainer,
     step_lightning,
-    uneven_window,
     verify_framework,
 )
+from trainfit.integrations.hf_window import hf_rows, load_hf_model
 from trainfit.probes.verify import flat, rel_error
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.synthetic import collate_tokens
@@ -113,29 +113,24 @@ def test_lightning_default_is_mean_of_means():
 def test_trainer_llama_gradient_is_the_big_batch_one():
     cfg = RunConfig(model="hf:LlamaForCausalLM", model_config=TINY_LLAMA, seq_len=32, micro_batch=4, accumulation=3,
                     dataset_size=32)
-    w = uneven_window(cfg)
-    assert len(set(w.counts)) == 3
-    got = flat(step_hf_trainer(w, loss="default", micro_batch=4).grads)
-    # Independent: every row alone through the same initial weights, CE sum / all tokens.
-    model = w.build_model()
-    ref = _grads_of(model, w.samples, False, lambda m, ids: m(input_ids=ids).logits)
-    mom = _grads_of(model, w.samples, True, lambda m, ids: m(input_ids=ids).logits)
+    rows = hf_rows(cfg, load_hf_model(cfg))
+    assert len(set(rows.counts)) == 3
+    got = flat(step_hf_trainer(rows, micro_batch=4, accumulation=3).grads)
+    # Independent: every row alone through the same initial weights, CE sum / all predicted tokens.
+    model = rows.model.build()
+    groups = [[{"input_ids": r["input_ids"][:-1], "labels": r["labels"][1:]} for r in g] for g in rows.groups]
+    ref = _grads_of(model, groups, False, lambda m, ids: m(input_ids=ids).logits)
+    mom = _grads_of(model, groups, True, lambda m, ids: m(input_ids=ids).logits)
     assert rel_error(got, ref) < 1e-5  # exact: it normalised by the window's tokens
     assert rel_error(mom, ref) > 0.05  # and the window is uneven enough for a mean of means to show
 
 
-def test_trainer_gpt2_counts_each_rows_first_label():
-    """transformers 5.24: GPT2LMHeadModel's loss_type is None, so the Trainer counts labels, not labels[..., 1:]:
-    the gradient is the big-batch one scaled by tokens / (tokens + rows) -- measured, and named as the cause."""
-    cfg = RunConfig(model="hf:GPT2LMHeadModel", model_config="n_layer=1,n_embd=32,n_head=2,vocab_size=64", seq_len=32,
-                    micro_batch=4, accumulation=3, dataset_size=32)
-    r = verify_framework(cfg, framework="hf-trainer")
-    w = uneven_window(cfg)
-    rows = sum(len(s) for s in w.samples)
-    expected = w.tokens / (w.tokens + rows)  # counted here from the rows themselves
-    assert abs(r.grad_norm_ratio - expected) < 1e-5
-    assert abs(r.grad_rel_error - (1 - expected)) < 1e-5  # a pure scale: ||(s-1) g|| / ||g||
-    assert not r.passed and f"num_items_in_batch is {w.tokens + rows}" in r.causes[0] and "shift_labels" in r.fix
+def test_accelerate_report_keeps_accumulation_apart_from_normalisation():
+    r = verify_framework(RunConfig(model_config="n_layer=1,d_model=32,n_head=2", seq_len=32, micro_batch=4,
+                                   accumulation=3, dataset_size=32), framework="accelerate")
+    assert not r.passed and r.accumulation_error.found and "mean of means" in r.accumulation_error.cause
+    assert r.normalisation.rel_error < 1e-5 and not r.normalisation.found  # one micro-batch's mean is the token mean
+    assert r.mean_of_means_rel_error < 1e-5
 
 
 def test_cli_accelerate_json_and_missing_tool(tmp_path, monkeypatch):
@@ -143,8 +138,9 @@ def test_cli_accelerate_json_and_missing_tool(tmp_path, monkeypatch):
     r = cli(["verify", "--framework", "accelerate", "--json", *TINY_GPT], cwd=tmp_path)
     assert r.rc == 1
     d = json.loads(r.out)
-    assert d["framework"] == "accelerate" and not d["passed"] and "mean of means" in d["causes"][0]
-    assert "gather" in d["fix"] and len(set(d["loss_tokens"])) == len(d["loss_tokens"])
+    acc = d["accumulation_error"]
+    assert d["framework"] == "accelerate" and not d["passed"] and "mean of means" in acc["cause"]
+    assert "gather" in acc["fix"] and len(set(d["loss_tokens"])) == len(d["loss_tokens"])
     monkeypatch.setitem(sys.modules, "lightning", None)
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
     r = cli(["verify", "--framework", "lightning", *TINY_GPT], cwd=tmp_path)

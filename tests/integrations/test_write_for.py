@@ -202,13 +202,15 @@ def test_lightning_zero3_builds_fsdp_and_fabric(tmp_path):
 
 
 @pytest.mark.parametrize("tool", ep.TOOLS)
-def test_zero1_and_true_precision_are_listed_not_dropped(tool):
+def test_zero1_is_refused_and_true_precision_listed_not_dropped(tool):
     from trainfit.config import make_config
+    from trainfit.errors import ConfigError
 
-    cfg = make_config({"strategy": "zero1", "precision": "fp16-true", "devices": 2, "micro_batch": 2,
-                       "accumulation": 3, "checkpointing": "class:Block"})
-    out = ep.export_plan(tool, cfg)
-    assert {"strategy", "precision", "checkpointing", "accumulation"} <= {g.lever for g in out.gaps}
+    job = {"precision": "fp16-true", "devices": 2, "micro_batch": 2, "accumulation": 3, "checkpointing": "class:Block"}
+    with pytest.raises(ConfigError, match="no ZeRO-1"):  # no tool has it outside DeepSpeed: it would run DDP
+        ep.export_plan(tool, make_config({**job, "strategy": "zero1"}))
+    out = ep.export_plan(tool, make_config({**job, "strategy": "ddp"}))
+    assert {"precision", "checkpointing", "accumulation"} <= {g.lever for g in out.gaps}
     # fp16-true is written as its mixed counterpart (fp32 weights, fp16 autocast), in each tool's words
     written = {"hf-trainer": lambda v: (v["fp16"], v["bf16"]) == (True, False),
                "accelerate": lambda v: v["mixed_precision"] == "fp16",

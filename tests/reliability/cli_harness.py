@@ -92,3 +92,11 @@ def check_promise(r: Result, root: Path, before: dict[str, str], *, json_mode: b
         assert len(lines) == 1, r.err[-2000:]
         new = sorted(set(after) - set(before))
         assert not new, f"a refused command left files behind: {new} ({lines[0]})"
+
+
+def check_one_line(r: Result) -> None:
+    """A refused command's stderr is exactly one line, the error: no info line (``data: ...``), warning,
+    progress bar or launcher banner before or after it."""
+    if r.rc == 2:
+        lines = [ln for ln in r.err.replace("\r", "\n").splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("trainfit: error: "), r.err[-3000:]

@@ -1,11 +1,8 @@
-"""Shared helpers for the reliability tests: the tiny GPT, the CLI in a subprocess,
-bitwise comparison of saved states."""
+"""Shared helpers for the reliability tests: the tiny GPT, bitwise comparison of saved states (the CLI in this
+process: the ``trainfit_cli`` fixture of tests/conftest.py, or cli_harness.cli)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +19,6 @@ def tiny_config(**overrides):
     from trainfit.config import make_config
 
     return make_config({**TINY_VALUES, **overrides})
-
-
-def cli_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trainfit", *args]
-
-
-def run_cli(*args: str, timeout: float = 120, env_extra: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "default", "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env, **kw)
 
 
 def error_lines(stderr: str) -> list[str]:

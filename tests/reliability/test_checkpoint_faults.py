@@ -26,7 +26,7 @@ from trainfit.cli import main as cli_main
 from trainfit.errors import CheckpointError
 from trainfit.train import train
 
-from .conftest import TINY_FLAGS, error_lines, latest, run_cli, tensors_equal, tiny_config, training_state
+from .conftest import TINY_FLAGS, error_lines, latest, tensors_equal, tiny_config, training_state
 
 
 def _payload(i: int) -> dict:
@@ -110,7 +110,7 @@ def test_checkpoint_smuggling_code_is_refused(tmp_path, container):
     assert not marker.exists()
 
 
-def test_cli_resume_refuses_smuggled_code_with_one_line(tmp_path):
+def test_cli_resume_refuses_smuggled_code_with_one_line(tmp_path, trainfit_cli):
     marker = tmp_path / "pwned"
     run_dir = tmp_path / "run"
     evil = ck.checkpoint_dir(run_dir) / "step-00000001.pt"
@@ -119,7 +119,7 @@ def test_cli_resume_refuses_smuggled_code_with_one_line(tmp_path):
     torch.save({"format": ck.FORMAT, "step": 1, "model": _Payload(marker)}, buf)
     evil.write_bytes(buf.getvalue())
     _write_sidecar(evil, buf.getvalue())
-    r = run_cli("train", *TINY_FLAGS, "--steps", "2", "--run-dir", str(run_dir), "--resume")
+    r = trainfit_cli("train", *TINY_FLAGS, "--steps", "2", "--run-dir", run_dir, "--resume")
     assert r.returncode == 2, r.stderr
     errs = [ln for ln in error_lines(r.stderr) if ln.startswith("trainfit: error:")]
     assert len(errs) == 1 and "weights_only" in errs[0] and "Traceback" not in r.stderr

@@ -4,8 +4,10 @@ For each of the six commands (train, memory, profile, verify, plan, report) hypo
 configs, ``--model-config`` keys and values (every built-in model and three ``transformers`` classes),
 paths (quotes, backslashes, control characters, spaces, files where directories are expected and the
 reverse), run directories holding the user's own files, checkpoints with missing or extra keys and report
-inputs with malformed lines and files. Each example runs in a fresh workspace that holds files of the
-user's; the assertion (``cli_harness.check_promise``) is the same for all: exit 0 or 2, no traceback,
+inputs with malformed lines and files; and ``train --data`` over data files, tokenizers and prepared directories
+(intact and tampered) and ``memory --from`` files (JSON, YAML, nested aliases, bytes, deep nesting), where a
+refusal must be exactly one stderr line (``cli_harness.check_one_line``). Each example runs in a fresh
+workspace that holds files of the user's; the assertion (``cli_harness.check_promise``) is the same for all: exit 0 or 2, no traceback,
 stdout empty or exactly one strict JSON object, no pre-existing file of the user's changed (hashed before
 and after), nothing left behind by a refused command.
 
@@ -32,7 +34,7 @@ from trainfit.config import FIELDS, dump_toml, make_config
 from trainfit.outputs import MARKER
 from trainfit.presets import GPTConfig
 
-from .cli_harness import check_promise, cli, snapshot
+from .cli_harness import check_one_line, check_promise, cli, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -324,3 +326,112 @@ def test_report_inputs(files, out, as_json):
             (root / "owned" / name).write_bytes(data)
 
     _run(["report", "owned", *(["--out", out] if out is not None else []), *(["--json"] if as_json else [])], setup)
+
+
+# -- data, tokenizers, prepared directories, --from: a refusal is exactly one stderr line ---------------------------
+DATA_FILES = {
+    "t.txt": b"the quick brown fox jumps over the lazy dog\n" * 8,
+    "docs/a.txt": b"one document of plain text, long enough to pack\n" * 4, "docs/b.md": b"# another\n" * 20,
+    "d.jsonl": b'{"text": "a document of json lines long enough"}\n' * 6 + b'{"body": "x"}\n',
+    "ok.jsonl": b'{"text": "a document of json lines long enough", "body": "another field"}\n' * 6,
+    "bom.jsonl": b'\xef\xbb\xbf{"text": "a document"}\n', "bom.txt": b"\xef\xbb\xbfhello there, text\n" * 4,
+    "junk.jsonl": b'{"text": 1}\nnot json\n', "t.csv": b"text,n\nhello there from a csv row,1\n" * 6,
+    "empty.txt": b"", "latin1.txt": b"caf\xe9 au lait\n" * 8, "t.bin": b"\x00\x01",
+    "tok/garbage/tokenizer.json": b"{not a tokenizer", "tok/none/readme.txt": b"no tokenizer here",
+}
+DATA_PATHS = ["t.txt", "docs", "docs/*.txt", "d.jsonl", "ok.jsonl", "bom.jsonl", "bom.txt", "junk.jsonl", "t.csv",
+              "empty.txt", "latin1.txt", "t.bin", "missing.txt", "emptydir", "*.nothing", "prep", "prep_vocab",
+              "prep_ids", "prep_trunc", "afile", "notes.txt"]
+_PREPARED: dict = {}
+
+
+def _prepared_once() -> Path:
+    """One ``trainfit prepare`` output for the whole module (copied into each example's workspace)."""
+    if not _PREPARED:
+        root = Path(tempfile.mkdtemp(prefix="tf-prep-"))
+        (root / "t.txt").write_bytes(DATA_FILES["t.txt"] * 4)
+        r = cli(["prepare", "--data", "t.txt", "--out", "prep"], cwd=root)
+        assert r.rc == 0, r.err
+        _PREPARED["dir"] = root / "prep"
+    return _PREPARED["dir"]
+
+
+def _data_workspace(root: Path) -> None:
+    for rel, data in DATA_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    for name in ("prep", "prep_vocab", "prep_ids", "prep_trunc"):
+        shutil.copytree(_prepared_once(), root / name)
+    side = json.loads((root / "prep_vocab" / "prepared.json").read_text())
+    (root / "prep_vocab" / "prepared.json").write_text(json.dumps({**side, "vocab_size": 7}))
+    tokens = root / "prep_ids" / "tokens.bin"
+    tokens.write_bytes(b"\xff" * tokens.stat().st_size)  # ids past the vocabulary (the checksum now differs)
+    trunc = root / "prep_trunc" / "tokens.bin"
+    trunc.write_bytes(trunc.read_bytes()[:-3])
+
+
+DATA_FLAG_VALUES = {
+    "--tokenizer": st.sampled_from(["byte", "tok/garbage", "tok/none", "tok", "notes.txt", "nowhere", ""]),
+    "--text-field": st.sampled_from(["text", "body", "missing", "", " "]),
+    "--packing": st.sampled_from(["on", "off", "maybe"]),
+    "--val-fraction": st.sampled_from(["0", "0.5", "0.99", "1", "-0.1", "x"]),
+    "--val-data": st.sampled_from(DATA_PATHS), "--text-errors": st.sampled_from(["strict", "replace", "ignore"]),
+    "--eval-every": st.sampled_from(["0", "1"]), "--seq": st.sampled_from(["8", "4096", "1"]),
+    "--model": st.sampled_from(["gpt-tiny", "cnn"]),
+}
+
+
+@_settings(16)
+@given(data=st.sampled_from(DATA_PATHS),
+       extra=st.lists(st.sampled_from(sorted(DATA_FLAG_VALUES)), max_size=3, unique=True).flatmap(
+           lambda names: st.tuples(*[st.tuples(st.just(n), DATA_FLAG_VALUES[n]).map(list) for n in names])))
+def test_data_tokenizer_and_prepared_directories(data, extra):
+    flat = [x for pair in extra for x in pair]
+    args = ["train", *TINY, "--steps", "1", "--run-dir", "new", "--data", data, *flat]
+    root = _workspace()
+    try:
+        _data_workspace(root)
+        before = snapshot(root)
+        r = cli(args, cwd=root)
+        check_promise(r, root, before)
+        check_one_line(r)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+FROM_KEYS = ["per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "gradient_checkpointing",
+             "deepspeed", "distributed_type", "mixed_precision", "num_processes", "num_machines",
+             "accumulate_grad_batches", "precision", "devices", "strategy", "trainer", "bogus"]
+from_value = st.one_of(st.integers(-2, 9), st.booleans(), st.none(), st.sampled_from(
+    ["bf16", "16-mixed", "MULTI_GPU", "FSDP", "ddp", "auto", "", "x" * 300]), st.lists(st.integers(0, 3), max_size=2))
+ALIASES = ("a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+           "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c]\nnum_processes: [*d, *d]\n")
+"""YAML of nested aliases: 8,192 strings once expanded (under the reader's bound), echoed in a refusal."""
+
+
+@_settings(12)
+@given(values=st.dictionaries(st.sampled_from(FROM_KEYS), from_value, max_size=4),
+       form=st.sampled_from(["json", "yaml", "yaml+aliases", "bytes", "deep"]), raw=st.binary(max_size=30))
+def test_from_files(values, form, raw):
+    def setup(root: Path):
+        if form == "json":
+            text = json.dumps(values).encode()
+        elif form == "bytes":
+            text = raw
+        elif form == "deep":
+            text = b"[" * 5000 + b"]" * 5000
+        else:
+            lines = "".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items())
+            text = ((ALIASES if form == "yaml+aliases" else "") + lines).encode()
+        (root / "job.cfg").write_bytes(text)
+
+    root = _workspace()
+    try:
+        setup(root)
+        before = snapshot(root)
+        r = cli(["memory", "--estimate", *TINY, "--from", "job.cfg"], cwd=root)
+        check_promise(r, root, before)
+        check_one_line(r)
+        assert len(r.err) < 2000, r.err[:300]  # an echoed value is cut (a YAML alias bomb expands to megabytes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

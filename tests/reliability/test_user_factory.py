@@ -1,10 +1,9 @@
 """``module:callable``: imported only when the model spec names it; and the overflow storm
-injected through it into the real CLI (a subprocess, no monkeypatching)."""
+injected through it into the real CLI (``trainfit.cli.main`` in this process; nothing of trainfit patched)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from trainfit.cli import main as cli_main
 
-from .conftest import TINY_FLAGS, error_lines, run_cli
+from .conftest import TINY_FLAGS, error_lines
 
 MODULE = '''
 import pathlib, torch
@@ -45,13 +44,12 @@ def test_model_factory_is_imported_only_when_named(tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.timeout(180)
-def test_overflow_storm_through_a_user_factory_on_the_cli(tmp_path):
-    tests_dir = str(Path(__file__).resolve().parents[1])
-    env_path = os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])
-    r = run_cli("train", "--model", "reliability.faults:fp16_storm", "--model-config", "n_layer=1,d_model=32,n_head=2",
-                "--seq", "16", "--micro-batch", "2", "--accumulation", "2", "--precision", "fp16-mixed",
-                "--steps", "9", "--checkpoint-every", "1", "--run-dir", str(tmp_path / "run"), "--json",
-                env_extra={"PYTHONPATH": env_path})
+def test_overflow_storm_through_a_user_factory_on_the_cli(tmp_path, monkeypatch, trainfit_cli):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # tests/: `reliability.faults` by name
+    r = trainfit_cli("train", "--model", "reliability.faults:fp16_storm", "--model-config",
+                     "n_layer=1,d_model=32,n_head=2", "--seq", "16", "--micro-batch", "2", "--accumulation", "2",
+                     "--precision", "fp16-mixed", "--steps", "9", "--checkpoint-every", "1",
+                     "--run-dir", tmp_path / "run", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["skipped_steps"] == 5 and "Traceback" not in r.stderr

@@ -128,7 +128,8 @@ def transformers():
         "num_attention_heads=2", "num_attention_heads=4"),
      "model_config.hidden_size=30 is not valid; allowed: a value LlamaConfig accepts (transformers: "
      "ValueError: The hidden size (30) is not a multiple of the number of attention heads (4)"),
-    ("memory", "hf:LlamaForCausalLM", f"{LLAMA},vocab_size=abc", "model_config.vocab_size='abc' is not valid"),
+    ("memory", "hf:LlamaForCausalLM", LLAMA.replace("vocab_size=64", "vocab_size=abc"),
+     "model_config.vocab_size='abc' is not valid"),
     ("memory", "hf:LlamaForCausalLM", f"{LLAMA},rms_norm_eps=abc", "model_config.rms_norm_eps='abc' is not valid; "
                                                                   "allowed: a number"),
     # negative and zero sizes: were RuntimeError / ZeroDivisionError at model construction

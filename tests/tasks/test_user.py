@@ -10,7 +10,7 @@ from trainfit.errors import ModelError
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.make import make_task
 
-HERE = Path(__file__).resolve().parent.parent / "measure"
+HERE = Path(__file__).resolve().parent.parent / "probes"
 
 
 @pytest.fixture(autouse=True)

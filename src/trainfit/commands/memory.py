@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from trainfit.cli import add_run_flags, config_from_args
+from trainfit.commands.flags import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from

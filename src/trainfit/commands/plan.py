@@ -14,10 +14,19 @@ from typing import TYPE_CHECKING
 from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan
+from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan, runnable_strategies
 from trainfit.integrations.read_config import plan_job, rank_note, read_from
-from trainfit.meters.devices import DEVICES, device_row, dtypes_of, find_device, measure_host_copy, measure_loopback
+from trainfit.meters.devices import (
+    DEVICES,
+    clock_facts,
+    device_row,
+    dtypes_of,
+    find_device,
+    measure_host_copy,
+    measure_loopback,
+)
 from trainfit.plan.basis import OPTIMIZER_BYTES, analytic_basis
+from trainfit.plan.clock import DeviceClock, clocked_links
 from trainfit.plan.offload import OFFLOAD_CHOICES, offload_price
 from trainfit.plan.rules import Context
 from trainfit.plan.search import (
@@ -55,6 +64,8 @@ from trainfit.vocabulary import (
     OffloadPart,
     PrecisionName,
     Optimizer,
+    canonical_precision,
+    precision_alias_note,
     SelectiveOps,
     choices,
     parse_checkpoint_policy,
@@ -69,7 +80,8 @@ if TYPE_CHECKING:
 
 FILE_DATA_FLAGS = {
     "data": "plan for this training data (as train takes it): activations sized for the longest row it produces",
-    "tokenizer": "byte (default) or a directory holding a Hugging Face tokenizer.json",
+    "tokenizer": "byte or a directory holding a Hugging Face tokenizer.json "
+                 "(default: the hf:DIR model's own, else the prepared data's, else byte)",
     "packing": "on (rows of seq_len tokens) or off (one document per row, the longest sets the size)",
     "text_field": "JSON Lines field / Parquet or CSV column holding the text (default text)",
     "text_errors": "bytes that are not UTF-8: strict (refuse) or replace (U+FFFD)",
@@ -129,6 +141,8 @@ def register(sub) -> None:
                      "where the device row has a host link or --calibrate measures one on cpu; none otherwise)")
     p.add_argument("--strategies", help=f"comma-separated subset of {', '.join(STRATEGY_CHOICES)} (default: all)")
     p.add_argument("--top", default="10", help="entries to show")
+    p.add_argument("--explain", metavar="N", help="break row N's step into compute-bound, memory-bound, recompute, "
+                                                  "exposed communication and fixed cost (and in --json)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--report", action="store_true", help="also save RUN_DIR/plan.json and write RUN_DIR/report.html")
     p.add_argument("--run-dir", default="runs/default", help="where --report writes (default runs/default)")
@@ -309,12 +323,15 @@ def check_flags(args) -> dict:
     devices, nodes = _int("devices", args.devices), _int("nodes", args.nodes)
     if devices % nodes:
         raise ConfigError("nodes", args.nodes, f"a divisor of devices={devices}", "every node holds the same number")
-    subsets = {}
+    subsets, aliases = {}, []
     for flag, allowed in (("precisions", PRECISION_CHOICES), ("checkpointings", CHECKPOINT_CHOICES),
                           ("strategies", STRATEGY_CHOICES)):
         text = getattr(args, flag)
         if text is not None:
             chosen = tuple(x.strip() for x in text.split(",") if x.strip())
+            if flag == "precisions":  # Lightning's and HF's spellings: trainfit's names, echoed once accepted
+                aliases = [n for n in map(precision_alias_note, chosen) if n]
+                chosen = tuple(canonical_precision(x) for x in chosen)
             bad = [x for x in chosen if x not in allowed and not (flag == "checkpointings" and _extra_policy(x))]
             if bad or not chosen:
                 raise ConfigError(flag, text, allowed)
@@ -324,12 +341,18 @@ def check_flags(args) -> dict:
         global_batch=_int("global-batch", args.global_batch),
         memory_bytes=parse_bytes("device-memory", args.device_memory),
         seq=_int("seq", args.seq_len, 2), top=_int("top", args.top),
+        explain=_int("explain", args.explain) if getattr(args, "explain", None) is not None else None,
         intra=_rate("bandwidth-intra", args.bandwidth_intra), inter=_rate("bandwidth-inter", args.bandwidth_inter),
         row=device_row(args.device),
         write_for=check_write_for(args.write_for, force=args.force) if getattr(args, "write_for", None) else None,
         write=check_output_file("write", args.write, force=args.force, suffix=".toml") if args.write else None,
-        found=(found, overridden) if found is not None else None,
+        found=(found, overridden) if found is not None else None, aliases=aliases,
     )
+    if flags["write_for"] is not None:  # only what the tool runs as planned on this device: searched, or refused
+        runs = runnable_strategies(flags["write_for"][0], subsets.get("strategies"), cpu=args.device == "cpu",
+                                   devices=devices)
+        if runs is not None:
+            subsets["strategies"] = runs
     flags["compile_speedup"] = _compile_speedup(getattr(args, "compile_speedup", None), flags["row"])
     flags["offloads"] = _offloads(getattr(args, "offloads", None), flags["row"], calibrate=args.calibrate)
     if args.basis not in BASIS_SOURCES:
@@ -339,6 +362,8 @@ def check_flags(args) -> dict:
     make_config({"optimizer": args.optimizer})  # refused here, not after the model is read
     if args.report:
         check_run_dir(args.run_dir)
+    if flags["explain"] is not None and flags["explain"] > flags["top"]:
+        raise ConfigError("explain", args.explain, f"a row number from 1 to --top ({flags['top']})")
     return flags
 
 
@@ -410,7 +435,8 @@ def make_plan(args, flags: dict | None = None):
                                               optimizer=base.optimizer, trainable=tuned))
     elif (base.lora or base.freeze) and planned.shape is None:
         header.append(f"--lora/--freeze: the {used} basis builds the model with them and counts what trains")
-    header.extend(_source_lines(basis, used, row, base, calibrate=args.calibrate, needed=needed_pairs(space, ctx)))
+    header.extend(_source_lines(basis, used, row, base, calibrate=args.calibrate, needed=needed_pairs(space, ctx),
+                                clocked=clock_facts(row) is not None and planned.shape is not None))
     latency_s = 0.0
     intra = flags["intra"]
     if row.peak_row is None and args.calibrate and devices > 1:
@@ -420,6 +446,10 @@ def make_plan(args, flags: dict | None = None):
         intra = intra or loop_bw
     links = links_provider(row, nodes=nodes, devices=devices, intra=intra, inter=flags["inter"], latency_s=latency_s,
                            host_bytes_per_s=host_bw)
+    facts = clock_facts(row)
+    if facts is not None and planned.shape is not None:  # a GPU row and the model's shape: priced op by op
+        links = clocked_links(links, DeviceClock(**facts), planned.shape, seq_len=rows)
+        header.extend(_clock_lines(facts, tuned is not None))
     header.append(_offload_source(offloads, host_bw, row))
     dist_rows = ()
     with contextlib.ExitStack() as scope:
@@ -535,6 +565,8 @@ def plan_config(entry, base, *, devices: int, global_batch: int):
 
 def run(args) -> int:
     flags = check_flags(args)  # every flag and output path refused before any work
+    for line in flags["aliases"]:
+        print(line, file=sys.stderr)
     for line in (flags["found"][0].lines(flags["found"][1]) if flags["found"] else ()):
         print(line, file=sys.stderr)  # --from: what was read from the other tool's file, what ignored
     result, base, per_node, used, space, n_header = make_plan(args, flags)
@@ -557,8 +589,11 @@ def run(args) -> int:
                                                                  global_batch=space.global_batch),
                                nodes=flags["nodes"], cpu=args.device == "cpu")
     out = None
+    explained = _explain(result, shown, flags.get("explain"), space=space, base=base, row=flags["row"])
     if args.json or args.report:
         out = plan_report(result, shown, model=args.model, space=space, basis=used).to_dict()
+        if explained is not None:
+            out["explain"] = explained
         if flags["found"]:
             out["from"] = flags["found"][0].to_dict(flags["found"][1])
         text = dumps_json(out)  # strict JSON: made before anything is written, so a refusal leaves nothing
@@ -576,6 +611,8 @@ def run(args) -> int:
         print(text)
         return 0
     _print_plan(result, shown, n_header)
+    if explained is not None:
+        print(format_explain(explained))
     if write is not None:
         print(f"wrote {write}: run it with `trainfit train {write}`", file=sys.stderr)
     return 0
@@ -668,7 +705,7 @@ def _offload_notes(result, basis, row, space, base) -> list[str]:
     return notes
 
 
-def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed) -> list[str]:
+def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed, clocked: bool = False) -> list[str]:
     """One line per source of the plan's numbers: the basis, the kernels it assumes, the device, the step times."""
     first = basis(*needed[0]) if needed else None
     lines = []
@@ -686,9 +723,22 @@ def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed) -> li
     peak = find_device(row.peak_row) if row.peak_row else None
     lines.append(f"device {row.name} (meters.devices, every source there): " + row.source.split(";")[0]
                  + (f"; peak FLOP/s: {peak.source.split(';')[0]}" if peak else ""))
-    lines.append("step times: " + ("fitted to steps measured on this machine (--calibrate)" if calibrate else
-                                   f"FLOPs / ({row.achievable_frac:.0%} of the dense peak) plus the ring model of "
-                                   "the links (plan.cost, plan.comm)"))
+    if not clocked:
+        lines.append("step times: " + ("fitted to steps measured on this machine (--calibrate)" if calibrate else
+                                       f"FLOPs / ({row.achievable_frac:.0%} of the dense peak) plus the ring model of "
+                                       "the links (plan.cost, plan.comm)"))
+    return lines
+
+
+def _clock_lines(facts: dict, tuned: bool) -> list[str]:
+    """The op-level clock's source lines: how a step is priced and every coefficient's source."""
+    lines = [f"step times: op by op (plan.clock) on {facts['name']}: GEMMs at max(FLOPs / {facts['gemm_share']:.0%} of "
+             f"the dense peak, bytes / HBM), attention at {facts['attention_share']:.0%} of the peak (causal flash), "
+             f"memory-bound ops at {facts['hbm_share']:.0%} of {facts['hbm_bytes_per_s'] / 1e12:.3g} TB/s, "
+             f"{facts['kernel_s'] * 1e6:.3g} us per kernel, all / {facts['eager_share']:.2f} (eager share); "
+             f"collectives at {facts['bus_share']:.0%} of the link, FSDP prefetch and DDP buckets overlapped"
+             + ("; --lora/--freeze: backward priced whole (an upper bound)" if tuned else "")]
+    lines.extend(f"clock source: {s}" for s in facts["sources"])
     return lines
 
 
@@ -724,4 +774,34 @@ def format_table(entries) -> str:
         ck = e.checkpointing + (" +compile" if e.compile else "")
         lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {ck:<{cw}}"
                      f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
+    return "\n".join(lines)
+
+
+EXPLAIN_PARTS = {"compute_bound_s": "compute-bound (GEMMs, attention)",
+                 "memory_bound_s": "memory-bound (norms, activations, casts, loss, optimizer step)",
+                 "recompute_s": "recompute (checkpointing)", "exposed_comm_s": "exposed communication",
+                 "fixed_s": "fixed cost (kernel launches, per-step overheads)",
+                 "dist_overhead_s": "measured distributed overhead", "offload_s": "offload copies"}
+"""``plan --explain``'s parts of a step (``plan.cost.Time.parts``), in the order printed."""
+
+
+def _explain(result, shown, n: int | None, **_) -> dict | None:
+    """Row ``n`` of the table (1-based) split into the parts of its step, or None when not asked."""
+    if n is None:
+        return None
+    if n > len(shown):
+        raise ConfigError("explain", n, f"a row number from 1 to {len(shown)} (the rows shown)")
+    e = shown[n - 1]
+    return {"row": n, "precision": e.precision, "micro_batch": e.micro_batch, "accumulation": e.accumulation,
+            "checkpointing": e.checkpointing, "strategy": e.strategy, "grad_sync": e.grad_sync, "step_s": e.step_s,
+            "parts": dict(e.time_parts)}
+
+
+def format_explain(x: dict) -> str:
+    """The ``--explain`` block: each part in seconds and as a share of the step."""
+    head = (f"explain row {x['row']}: {x['precision']}, micro-batch {x['micro_batch']} x {x['accumulation']}, "
+            f"checkpointing {x['checkpointing']}, {x['strategy']} ({x['grad_sync']}): {x['step_s']:.4g} s/step")
+    step = x["step_s"] or 1.0
+    lines = [head] + [f"  {label:<62}{x['parts'].get(k, 0.0):>11.4g} s {x['parts'].get(k, 0.0) / step:>6.1%}"
+                      for k, label in EXPLAIN_PARTS.items() if k in x["parts"]]
     return "\n".join(lines)

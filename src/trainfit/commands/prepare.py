@@ -9,12 +9,11 @@ Packing or padding is chosen when training (``--packing``), so one prepared dire
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from trainfit.errors import ConfigError, check_choice
 from trainfit.outputs import check_output_dir, check_path_text, dumps_json
-from trainfit.tasks.corpus import find_sources, read_documents
-from trainfit.tasks.prepared import is_prepared, write_prepared
+from trainfit.tasks.corpus import find_sources, read_pieces, reads_under
+from trainfit.tasks.prepared import clean_stale, is_prepared, write_prepared
 from trainfit.tasks.tokenizer import BYTE, load_tokenizer
 from trainfit.vocabulary import TextErrors
 
@@ -43,13 +42,18 @@ def run(args) -> int:
     if is_prepared(data):
         raise ConfigError("data", data, "raw data: text files, .jsonl, .parquet or .csv",
                           "it is a prepared directory already; pass it to train --data as it is")
-    if out.resolve() == Path(data).expanduser().resolve():
-        raise ConfigError("--out", str(out), "a directory other than --data")
+    if reads_under(data, out):
+        raise ConfigError("--out", str(out), "a directory outside the data --data reads",
+                          f"{data} would read what prepare writes there; choose --out elsewhere")
     tokenizer = load_tokenizer(check_path_text("tokenizer", args.tokenizer))
     sources = find_sources(data)
-    texts = read_documents(sources, text_field=args.text_field, text_errors=args.text_errors)
-    side = write_prepared(out, texts=texts, tokenizer=tokenizer, sources=sources, text_field=args.text_field,
-                          data=data, progress=True)
+    removed = clean_stale(out)  # accepted: a killed prepare's OUT.tmp-<pid> is garbage now
+    pieces = read_pieces(sources, text_field=args.text_field, text_errors=args.text_errors)
+    side = write_prepared(out, pieces=pieces, tokenizer=tokenizer, sources=sources, text_field=args.text_field,
+                          data=data, progress=sys.stderr.isatty())
+    if removed:  # said after the job, so that a refusal stays one line
+        print(f"trainfit: removed {len(removed)} directory(ies) left by a prepare that was killed: "
+              f"{', '.join(removed)}", file=sys.stderr)
     summary = {"out": str(out), **{k: side[k] for k in JSON_KEYS[1:-1]}, "tokenizer": side["tokenizer"]["name"]}
     if args.json:
         print(dumps_json(summary))

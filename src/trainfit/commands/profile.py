@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from trainfit.cli import add_run_flags, config_from_args
+from trainfit.commands.flags import add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
 from trainfit.outputs import check_output_dir, check_output_file, check_run_dir, dumps_json

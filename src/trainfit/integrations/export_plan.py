@@ -13,10 +13,14 @@ written in that tool's vocabulary, and every lever the tool cannot express exact
   (``ClusterConfig``). The file has no key for the micro-batch or the accumulation (its loader refuses
   unknown keys): they are script settings, written as comments and listed as gaps.
 * ``lightning``: ``{"trainer": Trainer kwargs, "fabric": Fabric kwargs, "fsdp_strategy": FSDPStrategy
-  kwargs (zero2/zero3 only), "batch_size": micro-batch}`` as JSON.
+  kwargs (zero2/zero3 only), "batch_size": micro-batch}`` as JSON; Lightning starts the processes itself.
 
-Pure: it maps a :class:`~trainfit.config.RunConfig` (the plan's row, as ``plan --write`` writes it) to text.
-Whether a tool is installed is asked of ``importlib`` without importing it.
+It maps a :class:`~trainfit.config.RunConfig` (the plan's row, as ``plan --write`` writes it) to text: only the
+levers the plan chose (precision, micro-batch, accumulation, checkpointing, distribution, offload, compile); the
+user's lr, steps, schedule, seed and clipping are left out. A strategy the tool would run as something else on
+the planned device (:func:`unrunnable`: FSDP on CPU processes, ZeRO-1, accelerate's CPU processes without MPI) is
+refused, never written. Whether a tool is installed is asked of ``importlib`` without importing it; the
+accelerate YAML is built with accelerate's own ``ClusterConfig`` and PyYAML.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from trainfit.vocabulary import (
     OffloadPart,
     Optimizer,
     PrecisionName,
-    Schedule,
     StrategyName,
     mixed_counterpart,
     parse_offload,
@@ -97,6 +100,47 @@ def check_tool(tool: str) -> str:
     return tool
 
 
+_NO_ZERO1 = "it has no ZeRO-1 outside DeepSpeed: it would run DDP with the optimizer state replicated"
+_NO_CPU_FSDP = {
+    "hf-trainer": "the Trainer shards through Accelerate, which applies FSDP only on accelerators: CPU processes run "
+                  "MULTI_CPU DDP with whole parameters",
+    "accelerate": "Accelerate applies FSDP only on accelerators: CPU processes run MULTI_CPU DDP with whole parameters",
+    "lightning": "Lightning's FSDPStrategy runs only on CUDA devices",
+}
+
+
+def unrunnable(tool: str, strategy: str, *, cpu: bool, devices: int) -> str | None:
+    """Why ``tool`` cannot run ``strategy`` on ``devices`` processes (all nodes) of the device, or None.
+
+    A plan written for a tool must run as planned: a strategy the tool would silently run as something else
+    (another sharding, another number of processes) is refused, never written."""
+    if devices <= 1 or not strategy_facts(strategy).distributed:
+        return None
+    if cpu and tool == "accelerate":
+        return ("accelerate launch starts several CPU processes only through MPI (mpirun_hostfile), which trainfit "
+                "does not write: without it one process trains")
+    if strategy == StrategyName.ZERO1:
+        return _NO_ZERO1
+    if cpu and strategy_facts(strategy).fsdp:
+        return _NO_CPU_FSDP[tool]
+    return None
+
+
+def runnable_strategies(tool: str, chosen: tuple[str, ...] | None, *, cpu: bool,
+                        devices: int) -> tuple[str, ...] | None:
+    """The strategies a plan for ``tool`` searches: ``chosen`` (``--strategies``; refused if the tool cannot run
+    one of them as planned on this device), or every strategy it can run (None: all of them, no narrowing)."""
+    for name in chosen or ():
+        why = unrunnable(tool, name, cpu=cpu, devices=devices)
+        if why is not None:
+            where = "processes of device cpu" if cpu else "accelerators"
+            raise ConfigError("strategies", name, f"a strategy {tool} runs as planned on {devices} {where}", why)
+    if chosen:
+        return chosen
+    runs = tuple(s.value for s in StrategyName if unrunnable(tool, s, cpu=cpu, devices=devices) is None)
+    return None if len(runs) == len(StrategyName) else runs
+
+
 def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False) -> ToolConfig:
     """``cfg`` (the plan's row: ``cfg.devices`` per node) as ``tool``'s configuration.
 
@@ -106,10 +150,11 @@ def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False)
         nodes: nodes the devices are spread over (``cfg.devices`` is per node).
         cpu: the plan is for CPU processes (gloo), not accelerators.
     Raises:
-        ConfigError: an unknown tool.
+        ConfigError: an unknown tool, or a strategy the tool would run as something else (:func:`unrunnable`).
     """
     if tool not in TOOLS:
         raise ConfigError("write-for", tool, TOOLS)
+    runnable_strategies(tool, (cfg.strategy,), cpu=cpu, devices=_total_devices(cfg, nodes))
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "a plan row has a fixed micro-batch")
     writer = {"hf-trainer": _hf_trainer, "accelerate": _accelerate, "lightning": _lightning}[tool]
@@ -158,7 +203,6 @@ def _total_devices(cfg: RunConfig, nodes: int) -> int:
 
 # -- Hugging Face Trainer ------------------------------------------------------------------------------------
 HF_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAM: "adamw_torch", Optimizer.SGD: "sgd"}
-HF_SCHEDULE = {Schedule.CONSTANT: "constant_with_warmup", Schedule.LINEAR: "linear", Schedule.COSINE: "cosine"}
 
 
 def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
@@ -166,33 +210,19 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     precision, more = _precision_gaps(cfg, "hf-trainer", "bf16/fp16=True")
     gaps += more
     s = strategy_facts(cfg.strategy)
+    # Only the levers the plan chose: the user's own hyperparameters (lr, steps, schedule, seed, clipping,
+    # optimizer) stay theirs -- TrainingArguments(**file) must not replace them.
     args: dict = {
         "per_device_train_batch_size": cfg.micro_batch,
         "gradient_accumulation_steps": cfg.accumulation,
-        "learning_rate": cfg.lr,
-        "max_steps": cfg.steps,
-        "weight_decay": cfg.weight_decay,
-        "max_grad_norm": cfg.grad_clip,
-        "warmup_steps": cfg.warmup_steps,
-        "lr_scheduler_type": HF_SCHEDULE[cfg.schedule],
-        "optim": HF_OPTIM[cfg.optimizer],
-        "seed": cfg.seed,
         "bf16": precision == PrecisionName.BF16_MIXED,
         "fp16": precision == PrecisionName.FP16_MIXED,
         "average_tokens_across_devices": True,
     }
     if cpu:
         args["use_cpu"] = True
-    if cfg.min_lr > 0:
-        if cfg.schedule == Schedule.COSINE:
-            args["lr_scheduler_type"] = "cosine_with_min_lr"
-            args["lr_scheduler_kwargs"] = {"min_lr": cfg.min_lr}
-        elif cfg.schedule == Schedule.LINEAR:
-            gaps.append(Gap(lever="schedule", trainfit=f"decays linearly to min_lr={cfg.min_lr:g}",
-                            instead="lr_scheduler_type=linear decays to 0 at max_steps"))
-    if cfg.optimizer == Optimizer.ADAM and cfg.weight_decay > 0:
-        gaps.append(Gap(lever="optimizer", trainfit="runs Adam with L2 weight decay added to the gradient",
-                        instead="optim=adamw_torch decays the weights decoupled (AdamW)"))
+    if cfg.optimizer != Optimizer.ADAMW:
+        gaps.append(_optimizer_gap(cfg, "optim=" + HF_OPTIM[cfg.optimizer]))
     # Accumulation: the Trainer counts the window's loss tokens (num_items_in_batch, summed over ranks with
     # average_tokens_across_devices) and hands the count to a model whose forward takes it.
     if _windowed(cfg, nodes):
@@ -247,6 +277,12 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
     text = json.dumps(args, indent=2) + "\n"
     return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+
+
+def _optimizer_gap(cfg: RunConfig, setting: str) -> Gap:
+    return Gap(lever="optimizer", trainfit=f"priced the optimizer state of {cfg.optimizer}",
+               instead=f"the file leaves the optimizer to the script (the tool's default may hold another state): "
+                       f"{setting}")
 
 
 def _fsdp_cpu_offload(cfg: RunConfig) -> bool:
@@ -373,19 +409,14 @@ def _hf_enable_call(ckpt) -> str:
     return "model.activation_checkpointing_enable()"
 
 
-def _yaml(values: dict, indent: str = "") -> str:
-    """Block YAML of scalars and nested dicts; strings double-quoted (YAML 1.1 reads a bare NO/no as false)."""
-    out = []
-    for key, v in values.items():
-        if isinstance(v, dict):
-            out.append(f"{indent}{key}:\n" + _yaml(v, indent + "  "))
-        elif isinstance(v, bool):
-            out.append(f"{indent}{key}: {'true' if v else 'false'}")
-        elif isinstance(v, (int, float)):
-            out.append(f"{indent}{key}: {v}")
-        else:
-            out.append(f"{indent}{key}: {json.dumps(str(v))}")
-    return "\n".join(out) + "\n"
+def _yaml(values: dict) -> str:
+    """``values`` as accelerate's own ``ClusterConfig`` (it refuses unknown keys and values), dumped by PyYAML:
+    every string quoted as YAML needs (a bare NO/no would read as a YAML 1.1 boolean)."""
+    import yaml  # accelerate's own dependency (its loader is yaml.safe_load); lazy: only this writer needs it
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    ClusterConfig(**values)  # raises on a key or value accelerate does not take
+    return yaml.safe_dump(values, sort_keys=False, default_flow_style=False)
 
 
 # -- Lightning -----------------------------------------------------------------------------------------------
@@ -408,8 +439,7 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     devices = cfg.devices if s.distributed else 1
     common = {"accelerator": "cpu" if cpu else "gpu", "devices": devices, "num_nodes": nodes if s.distributed else 1,
               "precision": LIGHTNING_PRECISION[precision], "strategy": strategy}
-    trainer = {**common, "accumulate_grad_batches": cfg.accumulation, "max_steps": cfg.steps,
-               "gradient_clip_val": cfg.grad_clip if cfg.grad_clip > 0 else None, "gradient_clip_algorithm": "norm"}
+    trainer = {**common, "accumulate_grad_batches": cfg.accumulation}  # max_steps, clipping: the user's own
     values: dict = {"trainer": trainer, "fabric": dict(common), "batch_size": cfg.micro_batch}
     if s.fsdp:
         values["fsdp_strategy"] = {"sharding_strategy": "FULL_SHARD" if s.reshard_after_forward else "SHARD_GRAD_OP",

@@ -1,14 +1,17 @@
-"""Verify another tool's accumulation: run THAT tool's optimizer step on uneven micro-batches.
+"""Verify another tool's accumulation: run THAT tool's optimizer step with accumulation, and without.
 
-Most users accumulate gradients with the Hugging Face ``Trainer``, an Accelerate loop or Lightning,
-not with trainfit. ``trainfit verify --framework T`` runs the tool's own accumulation mechanics on K
-micro-batches that hold clearly different numbers of loss tokens, captures the gradient the tool hands
-its optimizer (before the step, clipping off), and compares it with trainfit's fp32 big-batch reference
-(``sum(loss) / sum(tokens)`` over the whole window, :mod:`trainfit.probes.verify`).
+Most users accumulate gradients with the Hugging Face ``Trainer``, an Accelerate loop or Lightning, not with
+trainfit. ``trainfit verify --framework T`` runs the tool's own step three ways and keeps two questions apart:
 
-The micro-batches: the window's samples (the run's own first global batch) sorted by loss tokens, longest
-first, and cut into K micro-batches -- so the counts differ several-fold, as they do when a length-grouped
-sampler or packing meets padding. The big-batch gradient does not depend on that order.
+* **accumulation error**: the tool's gradient at K micro-batches of M against the same tool at one micro-batch
+  of K x M (same rows, same weights). Only this is a failure (exit 1): accumulating changed the gradient.
+* **normalisation difference**: the tool's gradient at 1 x KM against the fp32 big-batch reference in plain
+  PyTorch, the token mean (``sum of per-target losses / all prediction targets``). A tool may define its loss
+  otherwise (the Trainer counts a causal LM's first label of each row, label smoothing); that is reported with
+  its size and cause, and passes.
+
+The micro-batches hold clearly different numbers of prediction targets (rows sorted longest first, cut in K),
+as they do when a length-grouped sampler or packing meets padding; the reference does not depend on the order.
 
 Each tool runs as its users write it:
   * ``accelerate``: ``Accelerator(gradient_accumulation_steps=K)``; ``with accelerator.accumulate(model):``
@@ -17,11 +20,12 @@ Each tool runs as its users write it:
     (gathered across ranks), times K x ranks because ``backward`` divides by K and DDP averages over ranks.
   * ``lightning``: ``Trainer(accumulate_grad_batches=K, max_steps=1)``; ``training_step`` returns the mean
     (``default``) or the sum over the window's token count times K (``token-weighted``; Lightning divides by K).
-  * ``hf-trainer``: a real ``transformers.Trainer`` (``gradient_accumulation_steps=K, max_steps=1``) on the
-    rows as a dataset, sequential sampler, the model computing its own loss from ``labels`` -- whatever
-    the installed transformers does with ``num_items_in_batch`` is what is measured.
+  * ``hf-trainer``: a real ``transformers.Trainer`` with the user's own model (``hf:DIR`` or ``hf:<Class>``, any
+    head of :data:`trainfit.integrations.hf_window.HEADS`) and their TrainingArguments (``--from FILE``), the
+    model computing its own loss from ``labels`` -- whatever the installed transformers does with
+    ``num_items_in_batch`` is what is measured.
 
-The tools are optional extras, imported in :func:`_tool` only; a missing one is a ConfigError naming the extra.
+The tools are optional extras, imported in :func:`tool` only; a missing one is a ConfigError naming the extra.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import logging
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +45,9 @@ from torch import nn
 from trainfit.config import RunConfig
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.probes.verify import _mean_of_means_grads, _reference_grads, cosine, flat, rel_error
+from trainfit.integrations.hf_window import HEADS, HFRows, hf_rows, load_hf_model, replaced, training_arguments
+from trainfit.probes.verify import cosine, flat, mean_of_means_grads, reference_grads, rel_error
 from trainfit.run import task_of
-from trainfit.tasks.synthetic import IGNORE_INDEX, PAD_ID
 from trainfit.vocabulary import Tolerance, precision_facts
 
 FRAMEWORKS = ("hf-trainer", "accelerate", "lightning")
@@ -52,6 +56,8 @@ LOSSES = ("default", "token-weighted")
 """How the loop normalises each micro-batch's loss: the tool's default (the micro-batch mean) or the fix."""
 EXTRAS = {"hf-trainer": "hf", "accelerate": "accelerate", "lightning": "lightning"}
 """The pip extra that installs each tool: ``pip install 'trainfit[EXTRA]'``."""
+FROM_FORMATS = {"hf-trainer": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
+"""The ``--from`` file format each tool reads (``integrations.read_config`` tells them apart)."""
 
 CAUSE_MEAN_OF_MEANS = ("each micro-batch's mean loss divided by K (a mean of means): micro-batches with few "
                        "loss tokens weigh as much as long ones")
@@ -63,40 +69,73 @@ FIXES = {
     "lightning": "return the loss sum divided by the window's token count (precompute it per window, summed "
                  "across ranks) times accumulate_grad_batches from training_step, instead of the micro-batch "
                  "mean (verify --framework lightning --framework-loss token-weighted)",
-    "hf-trainer": "let the model compute its loss with num_items_in_batch (a transformers model, or a "
-                  "compute_loss_func that sums and divides by num_items_in_batch); a custom compute_loss that "
-                  "returns a per-micro-batch mean reintroduces the mean of means",
+    "hf-trainer": "pass Trainer(compute_loss_func=...) a loss that sums the per-target losses and divides by "
+                  "num_items_in_batch (the Trainer then counts the window and skips its own division by "
+                  "gradient_accumulation_steps), or override compute_loss to do the same",
 }
+FIX_IGNORED = ("pass Trainer(compute_loss_func=lambda outputs, labels, num_items_in_batch: "
+               "F.cross_entropy(<logits, labels flattened>, ignore_index=-100, reduction='sum') / num_items_in_batch)"
+               " -- exact for any counts; or set model.accepts_loss_kwargs = False before building the Trainer "
+               "(model_accepts_loss_kwargs becomes False and the Trainer divides each micro-batch mean by "
+               "gradient_accumulation_steps: exact only when every micro-batch holds the same number of targets)")
+FIX_COUNT = ("set model.loss_type = 'ForCausalLM' before building the Trainer (it then counts labels[..., 1:], the "
+             "targets the shifted loss predicts), or have the data collator also return shift_labels (labels "
+             "shifted left by one, -100 last), which the Trainer counts as they are")
 
-FIX_COUNT = ("have the data collator also return shift_labels (labels shifted left by one, -100 last): the Trainer "
-             "counts those as they are and the model's ForCausalLMLoss uses them directly, so the count is "
-             "the window's prediction targets")
+
+@dataclass(frozen=True, kw_only=True)
+class Difference:
+    """One gradient against another: the size of one of the two things verify reports, and why."""
+
+    rel_error: float
+    """``||g - g_other|| / ||g_other||``."""
+    cosine: float
+    norm_ratio: float
+    """``||g|| / ||g_other||``."""
+    found: bool
+    """Beyond the fp32 tolerance."""
+    cause: str = ""
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rel_error": self.rel_error, "cosine": self.cosine, "norm_ratio": self.norm_ratio,
+                "found": self.found, "cause": self.cause, "fix": self.fix}
+
+
+def difference(g: torch.Tensor, other: torch.Tensor, tol: Tolerance) -> Difference:
+    cos, err = cosine(g, other), rel_error(g, other)
+    ratio = float(g.norm()) / max(float(other.norm()), 1e-300)
+    return Difference(rel_error=err, cosine=cos, norm_ratio=ratio,
+                      found=not (cos >= tol.min_cosine and err <= tol.max_grad_rel_error))
 
 
 @dataclass(frozen=True, kw_only=True)
 class FrameworkVerifyReport:
-    """One tool's accumulated gradient against the fp32 big-batch reference."""
+    """One tool's gradient with accumulation, without, and the fp32 token-mean reference."""
 
     framework: str
     loss: str
     """default | token-weighted: how the loop normalised each micro-batch (see the module docstring)."""
     model: str
+    head: str
+    """What one prediction target is: a head of ``hf_window.HEADS``, or the task's unit (tokens, samples)."""
     micro_batch: int
     accumulation: int
     loss_tokens: tuple[int, ...]
-    """Loss tokens in each micro-batch of the window, in the order the tool saw them."""
+    """Prediction targets in each micro-batch of the window, in the order the tool saw them."""
     path: str
     """What the tool actually did (e.g. whether the Trainer passed num_items_in_batch to the model)."""
-    grad_cosine: float
+    accumulation_error: Difference
+    """The tool at K x M against the same tool at 1 x KM: a failure when found."""
+    normalisation: Difference
+    """The tool at 1 x KM against the token mean: reported, never a failure."""
     grad_rel_error: float
-    """``||g - g_ref|| / ||g_ref||`` for the gradient the tool hands its optimizer."""
-    grad_norm_ratio: float
+    """The tool at K x M against the token mean (both differences together)."""
     mean_of_means_rel_error: float
-    """How far the tool's gradient is from the mean-of-means gradient (small: that is what it computed)."""
+    """How far the tool's K x M gradient is from the mean-of-means gradient (small: that is what it computed)."""
     tolerance: Tolerance
-    passed: bool
-    causes: tuple[str, ...] = ()
-    fix: str = ""
+    settings: tuple[str, ...] = ()
+    """What the check read from ``--from`` and what it replaced (said, never silent)."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -104,14 +143,20 @@ class FrameworkVerifyReport:
         if self.loss not in LOSSES:
             raise ConfigError("framework_loss", self.loss, LOSSES)
 
+    @property
+    def passed(self) -> bool:
+        return not self.accumulation_error.found
+
     def to_dict(self) -> dict[str, Any]:
         t = self.tolerance
-        return {"framework": self.framework, "loss": self.loss, "model": self.model, "micro_batch": self.micro_batch,
-                "accumulation": self.accumulation, "loss_tokens": list(self.loss_tokens), "path": self.path,
-                "grad_cosine": self.grad_cosine, "grad_rel_error": self.grad_rel_error,
-                "grad_norm_ratio": self.grad_norm_ratio, "mean_of_means_rel_error": self.mean_of_means_rel_error,
+        return {"framework": self.framework, "loss": self.loss, "model": self.model, "head": self.head,
+                "micro_batch": self.micro_batch, "accumulation": self.accumulation,
+                "loss_tokens": list(self.loss_tokens), "path": self.path,
+                "accumulation_error": self.accumulation_error.to_dict(),
+                "normalisation": self.normalisation.to_dict(), "grad_rel_error": self.grad_rel_error,
+                "mean_of_means_rel_error": self.mean_of_means_rel_error,
                 "tolerance": {"min_cosine": t.min_cosine, "max_grad_rel_error": t.max_grad_rel_error},
-                "passed": self.passed, "causes": list(self.causes), "fix": self.fix}
+                "settings": list(self.settings), "passed": self.passed}
 
 
 @dataclass
@@ -120,7 +165,7 @@ class Window:
 
     micro_batches: list
     samples: list[list]
-    """The samples of each micro-batch (the Trainer re-collates them in its own row format)."""
+    """The samples of each micro-batch."""
     task: Any
     """The run's Task: its loss ``(loss_sum, n_tokens)``, count and model factory."""
     counts: list[int]
@@ -137,6 +182,12 @@ class Window:
                 m.p = 0.0
         return model
 
+    def merged(self) -> Window:
+        """The same samples as one micro-batch (accumulation 1)."""
+        every = [s for g in self.samples for s in g]
+        batch = self.task.collate(every)
+        return Window(micro_batches=[batch], samples=[every], task=self.task, counts=[self.task.count(batch)])
+
     @property
     def tokens(self) -> int:
         return sum(self.counts)
@@ -147,12 +198,14 @@ class Captured:
     grads: list[torch.Tensor] = field(default_factory=list)
     path: str = ""
     num_items: int | None = None
-    """The Trainer's ``num_items_in_batch`` for the window (hf-trainer only)."""
+    """The Trainer's ``num_items_in_batch`` for the window (hf-trainer only; None: not passed)."""
+    accepts_loss_kwargs: bool | None = None
+    """The Trainer's ``model_accepts_loss_kwargs`` (hf-trainer only)."""
 
 
 # ----------------------------------------------------------------- the one lazy import
 
-def _tool(framework: str):
+def tool(framework: str):
     """The tool's modules, imported only when its check runs. Raises ConfigError naming the pip extra."""
     try:
         if framework == "accelerate":
@@ -204,7 +257,7 @@ def _reset_accelerate(acc_mod) -> None:
 
 def step_accelerate(w: Window, *, loss: str, lr: float = 1e-3) -> Captured:
     """The Accelerate loop users write, on the window; the gradient at the sync step, before ``optimizer.step``."""
-    acc_mod = _tool("accelerate")
+    acc_mod = tool("accelerate")
     k = len(w.micro_batches)
     out = Captured()
     _reset_accelerate(acc_mod)
@@ -237,7 +290,7 @@ def step_accelerate(w: Window, *, loss: str, lr: float = 1e-3) -> Captured:
 
 def step_lightning(w: Window, *, loss: str, lr: float = 1e-3) -> Captured:
     """A LightningModule whose ``training_step`` returns the loss; ``on_before_optimizer_step`` captures."""
-    pl = _tool("lightning")
+    pl = tool("lightning")
     k = len(w.micro_batches)
     out = Captured()
     inner = w.build_model()
@@ -268,42 +321,14 @@ def step_lightning(w: Window, *, loss: str, lr: float = 1e-3) -> Captured:
     return out
 
 
-def _hf_rows(samples: list) -> list[dict[str, torch.Tensor]]:
-    """trainfit's pre-shifted rows (input x[:-1], labels x[1:]) as transformers rows: input = labels = x.
-    The model shifts internally, so it scores exactly the same n next-token predictions."""
-    rows = []
-    for s in samples:
-        full = torch.cat([s["input_ids"][:1], s["labels"]])
-        rows.append({"input_ids": full, "labels": full.clone()})
-    return rows
-
-
-def _hf_collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest row (causal attention never reads the padding); padded labels -100."""
-    t = max(len(r["input_ids"]) for r in rows)
-    ids = torch.full((len(rows), t), PAD_ID, dtype=torch.long)
-    labels = torch.full((len(rows), t), IGNORE_INDEX, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r["input_ids"])] = r["input_ids"]
-        labels[i, :len(r["labels"])] = r["labels"]
-    return {"input_ids": ids, "labels": labels}
-
-
-def step_hf_trainer(w: Window, *, loss: str, micro_batch: int, lr: float = 1e-3, seed: int = 0) -> Captured:
-    """A real ``transformers.Trainer`` for one optimizer step; the gradient in ``on_pre_optimizer_step``."""
-    tf = _tool("hf-trainer")
-    if loss != "default":
-        raise ConfigError("framework_loss", loss, "default with --framework hf-trainer",
-                          "the Trainer's own loss path is what is verified; token-weighting is its job")
-    model = w.build_model()
-    if not isinstance(model, tf.PreTrainedModel) or not type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")):
-        raise ConfigError("model", getattr(w.task, "name", type(model).__name__),
-                          "an hf: causal LM with --framework hf-trainer",
-                          "the Trainer trains transformers models: e.g. --model hf:LlamaForCausalLM --model-config "
-                          "num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
-                          "num_key_value_heads=4,vocab_size=256")
+def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_args: Mapping[str, Any] | None = None,
+                    lr: float = 1e-3, seed: int = 0) -> Captured:
+    """A real ``transformers.Trainer`` for one optimizer step over ``rows`` cut into ``accumulation``
+    micro-batches of ``micro_batch``; the gradient in ``on_pre_optimizer_step`` (clipping off)."""
+    tf = tool("hf-trainer")
+    model = rows.model.build()
     out = Captured()
-    seen: dict[str, Any] = {}
+    seen: list[Any] = []
 
     class Capture(tf.TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -312,33 +337,43 @@ def step_hf_trainer(w: Window, *, loss: str, micro_batch: int, lr: float = 1e-3,
     original_forward = model.forward
 
     def observed_forward(*args, **kwargs):  # records what the Trainer passes the model's loss
-        seen.setdefault("num_items_in_batch", []).append(kwargs.get("num_items_in_batch"))
+        seen.append(kwargs.get("num_items_in_batch"))
         return original_forward(*args, **kwargs)
 
-    rows = [r for s in w.samples for r in _hf_rows(s)]
     with tempfile.TemporaryDirectory() as tmp:
-        args = tf.TrainingArguments(output_dir=tmp, per_device_train_batch_size=micro_batch,
-                                    gradient_accumulation_steps=len(w.micro_batches), max_steps=1, learning_rate=lr,
-                                    report_to=[], use_cpu=True, max_grad_norm=0.0,  # clipping off: the raw gradient
-                                    train_sampling_strategy="sequential", save_strategy="no", logging_strategy="no",
-                                    disable_tqdm=True, lr_scheduler_type="constant", seed=seed,
-                                    remove_unused_columns=False)
-        trainer = tf.Trainer(model=model, args=args, train_dataset=rows, data_collator=_hf_collate,
+        args = training_arguments(tf, {"learning_rate": lr, **(user_args or {})}, output_dir=tmp,
+                                  micro_batch=micro_batch, accumulation=accumulation, seed=seed)
+        trainer = tf.Trainer(model=model, args=args, train_dataset=rows.rows, data_collator=rows.collate,
                              callbacks=[Capture()])
+        out.accepts_loss_kwargs = bool(getattr(trainer, "model_accepts_loss_kwargs", False))
         model.forward = observed_forward
         try:
             trainer.train()
         finally:
             model.forward = original_forward
-    items = [int(x) if x is not None else None for x in seen.get("num_items_in_batch", [])]
+    items = [int(x) if x is not None else None for x in seen]
+    name, k = type(model).__name__, accumulation
     if items and all(x is not None for x in items):
         out.num_items = items[0]
-        out.path = (f"transformers {tf.__version__} Trainer passed num_items_in_batch={items[0]} (the window's "
-                    f"loss tokens: {w.tokens}) to {type(model).__name__}'s loss on each of {len(items)} micro-batches")
+        out.path = (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: passed num_items_in_batch="
+                    f"{items[0]} (the window's prediction targets: {sum(rows.counts)}) to {name} on each of "
+                    f"{len(items)} micro-batches and did not divide by gradient_accumulation_steps")
     else:
-        out.path = (f"transformers {tf.__version__} Trainer did not pass num_items_in_batch to "
-                    f"{type(model).__name__}: each micro-batch's mean loss divided by gradient_accumulation_steps")
+        why = ("its forward takes no **kwargs (model_accepts_loss_kwargs=False)" if not out.accepts_loss_kwargs
+               else "no labels were counted")
+        out.path = (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: did not pass num_items_in_batch "
+                    f"to {name} ({why}): each micro-batch's loss divided by gradient_accumulation_steps={k}")
     return out
+
+
+def loss_ignores_num_items(rows: HFRows) -> bool:
+    """Whether the model's own loss is unchanged when ``num_items_in_batch`` changes (it never reads it)."""
+    model = rows.model.build()
+    batch = rows.collate(rows.groups[0])
+    with torch.no_grad():
+        a = model(**batch, num_items_in_batch=torch.tensor(max(rows.counts[0], 1))).loss
+        b = model(**batch, num_items_in_batch=torch.tensor(4 * max(rows.counts[0], 1))).loss
+    return bool(torch.allclose(a, b, rtol=1e-6, atol=0.0))
 
 
 # ----------------------------------------------------------------- the check
@@ -356,14 +391,7 @@ def uneven_window(cfg: RunConfig) -> Window:
     return Window(micro_batches=mbs, samples=groups, task=task, counts=[task.count(b) for b in mbs])
 
 
-def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default") -> FrameworkVerifyReport:
-    """Run ``framework``'s accumulation on an uneven window and compare with the fp32 big-batch gradient.
-
-    Raises:
-        ConfigError: unknown framework/loss, a tool not installed, micro_batch="auto", a model the tool
-            cannot train (hf-trainer needs an hf: causal LM).
-        TrainfitError: the model does not build the same initial weights twice.
-    """
+def _check_args(cfg: RunConfig, framework: str, loss: str) -> None:
     if framework not in FRAMEWORKS:
         raise ConfigError("framework", framework, FRAMEWORKS)
     if loss not in LOSSES:
@@ -373,46 +401,153 @@ def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default") -
     if cfg.precision != "fp32":
         raise ConfigError("precision", cfg.precision, "fp32 with --framework",
                           "--framework checks the tool's accumulation, in fp32; drop --precision")
-    _tool(framework)  # a missing tool is refused before any model is built
+    if cfg.accumulation < 2:
+        raise ConfigError("accumulation", cfg.accumulation, "an integer >= 2 with --framework",
+                          "the check compares the tool with and without accumulation")
+    if framework == "hf-trainer" and loss != "default":
+        raise ConfigError("framework_loss", loss, "default with --framework hf-trainer",
+                          "the Trainer's own loss path is what is verified; token-weighting is its job")
+
+
+def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
+                     user_args: Mapping[str, Any] | None = None, settings: tuple[str, ...] = (),
+                     say: Callable[[str], None] = lambda line: None) -> FrameworkVerifyReport:
+    """Run ``framework``'s step at K x M and at 1 x KM and compare with the fp32 token-mean reference.
+
+    Args:
+        user_args: hf-trainer: the user's TrainingArguments as a mapping (``--from``), kept where the check
+            does not need its own value (``hf_window.FORCED``).
+        settings: lines saying what was read from ``--from`` (carried into the report).
+        say: progress, one line per run of the tool.
+
+    Raises:
+        ConfigError: unknown framework/loss, a tool not installed, micro_batch="auto", accumulation 1, a model
+            the tool cannot train (hf-trainer needs an hf: model with a head of ``HEADS``).
+        TrainfitError: the model does not build the same initial weights twice.
+    """
+    _check_args(cfg, framework, loss)
+    tool(framework)  # a missing tool is refused before any model is built
+    tol = precision_facts("fp32").tolerance
+    if framework == "hf-trainer":
+        return _verify_trainer(cfg, tol, user_args=user_args, settings=settings, say=say)
     w = uneven_window(cfg)
     ref = w.build_model().float()
     init = [p.detach().clone() for p in ref.parameters()]
-    ref_grads = flat(_reference_grads(ref, w.task, w.micro_batches))  # sum(loss) / sum(tokens) over the window
-    mom = flat(_mean_of_means_grads(ref, w.task, w.micro_batches))
-    with _quiet():
-        if framework == "accelerate":
-            got = step_accelerate(w, loss=loss, lr=cfg.lr)
-        elif framework == "lightning":
-            got = step_lightning(w, loss=loss, lr=cfg.lr)
-        else:
-            got = step_hf_trainer(w, loss=loss, micro_batch=cfg.micro_batch, lr=cfg.lr, seed=cfg.seed)
+    g_ref = flat(reference_grads(ref, w.task, w.micro_batches))  # sum(loss) / sum(tokens) over the window
+    mom = flat(mean_of_means_grads(ref, w.task, w.micro_batches))
+    step = step_accelerate if framework == "accelerate" else step_lightning
+    runs = []
+    for window in (w, w.merged()):
+        say(f"verify --framework {framework}: one step at {len(window.micro_batches)} micro-batch(es)")
+        with _quiet():
+            runs.append(step(window, loss=loss, lr=cfg.lr))
+    g_k, g_1 = (_checked(framework, r, len(init)) for r in runs)
+    acc = difference(g_k, g_1, tol)
+    if acc.found:
+        err_mom = rel_error(g_k, mom)
+        cause = (f"{CAUSE_MEAN_OF_MEANS} (the gradient matches the mean of means to {err_mom:.2e}; loss tokens "
+                 f"per micro-batch {'/'.join(map(str, w.counts))})" if err_mom < acc.rel_error / 3 else
+                 f"the gradient at {cfg.accumulation} micro-batches differs from one micro-batch of all the samples "
+                 f"(norm ratio {acc.norm_ratio:.4g}); no known cause matched")
+        acc = _explained(acc, cause, FIXES[framework])
+    norm = difference(g_1, g_ref, tol)
+    if norm.found:
+        norm = _explained(norm, f"the loop's loss over one micro-batch of every sample is not the token mean "
+                                f"(norm ratio {norm.norm_ratio:.4g})", "")
+    return FrameworkVerifyReport(
+        framework=framework, loss=loss, model=cfg.model, head=w.task.unit, micro_batch=cfg.micro_batch,
+        accumulation=cfg.accumulation, loss_tokens=tuple(w.counts), path=runs[0].path, accumulation_error=acc,
+        normalisation=norm, grad_rel_error=rel_error(g_k, g_ref), mean_of_means_rel_error=rel_error(g_k, mom),
+        tolerance=tol, settings=settings)
+
+
+def _checked(framework: str, got: Captured, n_params: int) -> torch.Tensor:
     if not got.grads:
         raise TrainfitError(f"verify --framework {framework}: the tool never reached its optimizer step")
-    if len(got.grads) != len(init):
-        raise TrainfitError(f"verify --framework {framework}: {len(got.grads)} gradients for {len(init)} parameters")
-    g = flat(got.grads)
-    tol = precision_facts("fp32").tolerance
-    cos, err = cosine(g, ref_grads), rel_error(g, ref_grads)
-    ratio = float(g.norm()) / max(float(ref_grads.norm()), 1e-300)
-    err_mom = rel_error(g, mom)
-    ok = cos >= tol.min_cosine and err <= tol.max_grad_rel_error
-    causes: list[str] = []
-    if not ok:
-        if got.num_items is not None and got.num_items != w.tokens:
-            causes.append(f"the Trainer's num_items_in_batch is {got.num_items} but the window has {w.tokens} "
-                          f"prediction targets (norm ratio {ratio:.4g}, {w.tokens}/{got.num_items} = "
-                          f"{w.tokens / got.num_items:.4g}): it counted every label, including each row's first, "
-                          "which a causal LM's shifted loss never predicts (the model's loss_type is not one the "
-                          "Trainer maps to ForCausalLMLoss, so it counts labels, not labels[..., 1:])")
-        elif err_mom < err / 3:
-            causes.append(f"{CAUSE_MEAN_OF_MEANS} (the gradient matches the mean of means to {err_mom:.2e}; "
-                          f"loss tokens per micro-batch {'/'.join(map(str, w.counts))})")
-        else:
-            causes.append(f"gradient off the big-batch reference (relative error {err:.2e}, norm ratio {ratio:.4g}); "
-                          "no known cause matched")
-    return FrameworkVerifyReport(framework=framework, loss=loss, model=cfg.model, micro_batch=cfg.micro_batch,
-                                 accumulation=cfg.accumulation, loss_tokens=tuple(w.counts), path=got.path,
-                                 grad_cosine=cos, grad_rel_error=err, grad_norm_ratio=ratio,
-                                 mean_of_means_rel_error=err_mom, tolerance=tol, passed=ok, causes=tuple(causes),
-                                 fix="" if ok else (FIX_COUNT if got.num_items not in (None, w.tokens)
-                                                    else FIXES[framework]))
+    if len(got.grads) != n_params:
+        raise TrainfitError(f"verify --framework {framework}: {len(got.grads)} gradients for {n_params} parameters")
+    return flat(got.grads)
+
+
+def _explained(d: Difference, cause: str, fix: str) -> Difference:
+    return Difference(rel_error=d.rel_error, cosine=d.cosine, norm_ratio=d.norm_ratio, found=d.found, cause=cause,
+                      fix=fix)
+
+
+def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, Any] | None,
+                    settings: tuple[str, ...], say: Callable[[str], None]) -> FrameworkVerifyReport:
+    """hf-trainer: the user's model and TrainingArguments; the reference per row in plain PyTorch."""
+    rows = hf_rows(cfg, load_hf_model(cfg))
+    if replaced(user_args):
+        settings = (*settings, "replaced for the check: " + ", ".join(replaced(user_args)))
+    ref = rows.model.build()
+    init = [p.detach().clone() for p in ref.parameters()]
+    again = [p.detach() for p in rows.model.build().parameters()]
+    if len(again) != len(init) or any(not torch.equal(a, b) for a, b in zip(again, init)):
+        raise TrainfitError(f"verify: model {cfg.model!r} does not build the same initial weights twice from seed "
+                            f"{cfg.seed}; its weights must come from the checkpoint or the seed")
+    say(f"verify --framework hf-trainer: the plain-PyTorch reference, {len(rows.rows)} rows one at a time")
+    g_ref, mom = flat(rows.grads(ref)), flat(rows.grads(ref, mean_of_means=True))
+    runs = []
+    for mb, k in ((cfg.micro_batch, cfg.accumulation), (cfg.micro_batch * cfg.accumulation, 1)):
+        say(f"verify --framework hf-trainer: one Trainer step at {mb} x {k}")
+        with _quiet():
+            runs.append(step_hf_trainer(rows, micro_batch=mb, accumulation=k, user_args=user_args, lr=cfg.lr,
+                                        seed=cfg.seed))
+    g_k, g_1 = (_checked("hf-trainer", r, len(init)) for r in runs)
+    acc = difference(g_k, g_1, tol)
+    if acc.found:
+        k_mom = mom * len(rows.groups)  # what summing K micro-batch means gives
+        acc = _trainer_accumulation_cause(acc, runs[0], rows, rel_error(g_k, mom), rel_error(g_k, k_mom))
+    norm = difference(g_1, g_ref, tol)
+    if norm.found:
+        norm = _trainer_normalisation_cause(norm, runs[1], rows, user_args)
+    return FrameworkVerifyReport(
+        framework="hf-trainer", loss="default", model=cfg.model,
+        head=f"{HEADS[rows.head]} ({rows.model.cls.__name__})", micro_batch=cfg.micro_batch,
+        accumulation=cfg.accumulation, loss_tokens=tuple(rows.counts), path=runs[0].path, accumulation_error=acc,
+        normalisation=norm, grad_rel_error=rel_error(g_k, g_ref), mean_of_means_rel_error=rel_error(g_k, mom),
+        tolerance=tol, settings=settings)
+
+
+def _trainer_accumulation_cause(acc: Difference, run: Captured, rows: HFRows, err_mom: float,
+                                err_k_mom: float) -> Difference:
+    name, k = rows.model.cls.__name__, len(rows.groups)
+    counts = "/".join(map(str, rows.counts))
+    if run.num_items is not None and loss_ignores_num_items(rows):
+        return _explained(acc, (
+            f"{name}.forward takes **kwargs, so the Trainer (model_accepts_loss_kwargs=True) passes "
+            f"num_items_in_batch and skips its division by gradient_accumulation_steps={k}, but {name}'s loss "
+            f"never reads num_items_in_batch: it is each micro-batch's mean, and the Trainer sums {k} of them "
+            f"(the gradient is {k} x the mean of means to {err_k_mom:.2e}; norm ratio {acc.norm_ratio:.4g}; "
+            f"targets per micro-batch {counts})"), FIX_IGNORED)
+    if not run.accepts_loss_kwargs and err_mom < acc.rel_error / 3:
+        return _explained(acc, (
+            f"{name}.forward takes no **kwargs, so the Trainer (model_accepts_loss_kwargs=False) cannot pass "
+            f"num_items_in_batch: {CAUSE_MEAN_OF_MEANS} (matches the mean of means to {err_mom:.2e}; targets per "
+            f"micro-batch {counts})"), FIXES["hf-trainer"])
+    if err_mom < acc.rel_error / 3:
+        return _explained(acc, f"{CAUSE_MEAN_OF_MEANS} (matches the mean of means to {err_mom:.2e}; a custom "
+                               f"compute_loss returning a per-micro-batch mean?)", FIXES["hf-trainer"])
+    return _explained(acc, f"the Trainer's gradient at {k} micro-batches differs from one micro-batch of the same rows "
+                           f"(norm ratio {acc.norm_ratio:.4g}); no known cause matched", FIXES["hf-trainer"])
+
+
+def _trainer_normalisation_cause(norm: Difference, run: Captured, rows: HFRows,
+                                 user_args: Mapping[str, Any] | None) -> Difference:
+    targets = sum(rows.counts)
+    smoothing = float((user_args or {}).get("label_smoothing_factor") or 0.0)
+    if run.num_items is not None and run.num_items != targets:
+        first = rows.head == "causal" and run.num_items == targets + sum(int(r["labels"][0] != -100) for r in rows.rows)
+        why = (f": it counted every label, including each row's first, which the shifted causal loss never "
+               f"predicts ({rows.model.cls.__name__}'s loss_type is not one the Trainer maps to ForCausalLMLoss)"
+               if first else "")
+        return _explained(norm, (f"the Trainer's num_items_in_batch is {run.num_items} but the window has {targets} "
+                                 f"prediction targets{why}; the gradient is scaled by {targets}/{run.num_items} = "
+                                 f"{targets / run.num_items:.4g} (norm ratio {norm.norm_ratio:.4g})"),
+                          FIX_COUNT if first else "")
+    if smoothing:
+        return _explained(norm, f"label_smoothing_factor={smoothing} (from TrainingArguments): the Trainer's loss is "
+                                "the smoothed cross-entropy, by design not the token mean", "")
+    return _explained(norm, f"the Trainer's loss over one micro-batch of every row is not the token mean of "
+                            f"{HEADS[rows.head]} (norm ratio {norm.norm_ratio:.4g})", "")

@@ -8,14 +8,24 @@ step) and ``report.html`` into the trainer's log directory (or ``output_dir``). 
 ``on_train_batch_start`` .. ``on_before_backward`` (forward, incl. ``training_step``), ``on_before_backward`` ..
 ``on_after_backward`` (backward), ``on_before_optimizer_step`` .. ``on_train_batch_end`` (optimizer step and
 zero_grad). With ``accumulate_grad_batches`` the window spans the batches up to the optimizer step.
-The training itself is not changed.
+
+* loss: the mean of the window's micro-batch losses as ``training_step`` returned them (Lightning divides each
+  by ``accumulate_grad_batches`` before backward; that division is undone), averaged over ranks -- trainfit's
+  token mean when the micro-batches hold equal numbers of loss tokens.
+* lr: the rate this step's update uses; grad_norm: of the gradients the optimizer steps with (Lightning
+  clips after ``on_before_optimizer_step``, so this is the pre-clip norm).
+* tokens: ``input_ids`` of dict and ``BatchEncoding`` batches, else the first integer matrix.
+* The callback computes nothing the training reads and draws no random numbers: a run with and without it
+  gives the same losses bit for bit. A resumed run appends to metrics.jsonl and measures again.
 """
 
 from __future__ import annotations
 
+import torch
+
 from trainfit.errors import ConfigError
 from trainfit.integrations.measure import MeasureOptions, StepMeter
-from trainfit.vocabulary import PrecisionName
+from trainfit.vocabulary import StrategyName, canonical_precision
 
 
 def _lightning():
@@ -27,10 +37,13 @@ def _lightning():
     return pl
 
 
-_PRECISION = {"32-true": PrecisionName.FP32, "32": PrecisionName.FP32, "16-mixed": PrecisionName.FP16_MIXED,
-              "16-true": PrecisionName.FP16_TRUE, PrecisionName.BF16_MIXED: PrecisionName.BF16_MIXED,
-              PrecisionName.BF16_TRUE: PrecisionName.BF16_TRUE}
-"""Lightning's precision names -> trainfit's (the bf16 ones are spelled the same)."""
+def _strategy(trainer) -> str:
+    """trainfit's name for the strategy Lightning runs."""
+    name = type(trainer.strategy).__name__
+    if "FSDP" in name:
+        sharding = getattr(getattr(trainer.strategy, "sharding_strategy", None), "name", "FULL_SHARD")
+        return StrategyName.ZERO2 if sharding == "SHARD_GRAD_OP" else StrategyName.ZERO3
+    return StrategyName.SINGLE if trainer.world_size == 1 else StrategyName.DDP
 
 
 class TrainfitCallback(_lightning().Callback):
@@ -50,10 +63,11 @@ class TrainfitCallback(_lightning().Callback):
         self.report_path = None
 
     def on_train_start(self, trainer, pl_module):
-        precision = _PRECISION.get(str(trainer.precision), str(trainer.precision))
-        self.meter = StepMeter(self.options, tool=f"lightning {_lightning().__version__}", precision=precision)
+        self.meter = StepMeter(self.options, tool=f"lightning {_lightning().__version__}",
+                               precision=canonical_precision(str(trainer.precision)), strategy=_strategy(trainer),
+                               world_size=trainer.world_size)
         if trainer.is_global_zero:
-            self.meter.open(trainer.log_dir or trainer.default_root_dir)
+            self.meter.open(trainer.log_dir or trainer.default_root_dir, start=trainer.global_step)
 
     def on_train_end(self, trainer, pl_module):
         if self.meter is not None:
@@ -80,11 +94,16 @@ class TrainfitCallback(_lightning().Callback):
         self.meter.backward_end()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        with torch.no_grad():
+            norm = torch.nn.utils.get_total_norm(grads, 2.0) if grads else None
+        self._norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.meter.optimizer_begin(self._scaler(trainer))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         m = self.meter
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):  # Lightning divided it by accumulate_grad_batches: undone
+            m.add_loss(loss.detach() * trainer.accumulate_grad_batches, 1)
         if m._open_window and m._t_opt is not None:  # the optimizer stepped in this batch: the window ends
-            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            loss = loss.detach() if hasattr(loss, "detach") else loss
-            m.step_end(trainer.global_step, scaler=self._scaler(trainer), lr=self._lr, loss=loss)
+            m.step_end(trainer.global_step, scaler=self._scaler(trainer), lr=self._lr, grad_norm=self._norm)

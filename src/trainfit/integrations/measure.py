@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,7 +31,7 @@ from trainfit.outputs import dumps_json
 from trainfit.report import write_report
 from trainfit.report.data import write_text_atomic
 from trainfit.results import MemoryReport, fold_modules, precision_notes
-from trainfit.vocabulary import PrecisionName
+from trainfit.vocabulary import PrecisionName, StrategyName
 
 METRICS = "metrics.jsonl"
 MEMORY = "memory.json"
@@ -60,8 +61,10 @@ class MeasureOptions:
 def items_in(batch: Any) -> tuple[int, str]:
     """(count, unit) of a batch from shapes only (no host sync): ``input_ids`` (or the first integer tensor)
     -> its elements as tokens; otherwise the first tensor's leading dimension as samples."""
-    if isinstance(batch, dict) and isinstance(batch.get("input_ids"), torch.Tensor):
-        return batch["input_ids"].numel(), "tokens"
+    if isinstance(batch, Mapping):  # a dict, or the UserDict transformers' collators return (BatchEncoding)
+        if isinstance(batch.get("input_ids"), torch.Tensor):
+            return batch["input_ids"].numel(), "tokens"
+        batch = dict(batch)
     leaves = [x for x in torch.utils._pytree.tree_leaves(batch) if isinstance(x, torch.Tensor)]
     for t in leaves:
         if not t.is_floating_point() and t.dim() >= 2:
@@ -70,12 +73,17 @@ def items_in(batch: Any) -> tuple[int, str]:
 
 
 def unwrap_optimizer(opt: Any) -> torch.optim.Optimizer | None:
-    """The torch optimizer inside a tool's wrapper (Accelerate's AcceleratedOptimizer, LightningOptimizer)."""
+    """The torch optimizer inside a tool's wrapper (Accelerate's AcceleratedOptimizer -- itself an Optimizer
+    subclass -- and LightningOptimizer): the innermost object that is one."""
+    found = None
     for _ in range(4):
-        if isinstance(opt, torch.optim.Optimizer) or opt is None:
-            return opt
-        opt = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
-    return opt if isinstance(opt, torch.optim.Optimizer) else None
+        if isinstance(opt, torch.optim.Optimizer):
+            found = opt
+        inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
+        if inner is None or inner is opt:
+            break
+        opt = inner
+    return found
 
 
 def device_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
@@ -87,7 +95,8 @@ def device_peak(device: torch.device, precision: str) -> tuple[float | None, str
         peak = peak_flops(name, dtype)
         return peak, f"datasheet {name} {dtype}" if peak else f"{name} is not in trainfit's peak table"
     if device.type == "cpu":
-        cal = calibrate_cpu(dtype, seconds=0.1)  # once per run, after the measured step
+        with torch.random.fork_rng(devices=[]):  # its random matrices must not move the run's own RNG stream
+            cal = calibrate_cpu(dtype, seconds=0.1)  # once per run, after the measured step
         return cal.flops_per_s, f"CPU {dtype}: {cal.source} ({cal.threads} threads)"
     return None, f"no peak known for device type {device.type}"
 
@@ -97,12 +106,15 @@ class StepMeter:
 
     Args:
         options: the validated :class:`MeasureOptions`.
-        tool: the tool's name, recorded in memory.json's details.
+        tool: the tool's name and version, recorded in memory.json and metrics.jsonl.
         precision: trainfit's name for the tool's precision (fp32, bf16-mixed, fp16-mixed, ...).
+        strategy, world_size: what the tool runs (trainfit's strategy name; processes), for memory.json.
     """
 
-    def __init__(self, options: MeasureOptions, *, tool: str, precision: str = PrecisionName.FP32) -> None:
+    def __init__(self, options: MeasureOptions, *, tool: str, precision: str = PrecisionName.FP32,
+                 strategy: str = StrategyName.SINGLE, world_size: int = 1) -> None:
         self.options, self.tool, self.precision = options, tool, precision
+        self.strategy, self.world_size = strategy, world_size
         self.out: Path | None = None
         self._file: TextIO | None = None
         self._pending: dict[str, Any] | None = None
@@ -118,11 +130,17 @@ class StepMeter:
         self._in_backward_seen = False
 
     # ---- run begin / end ---------------------------------------------------------------------------------
-    def open(self, out_dir: str | Path) -> None:
-        """Start metrics.jsonl (replacing the file a previous run of this callback wrote there)."""
+    def open(self, out_dir: str | Path, *, start: int = 0) -> None:
+        """Start metrics.jsonl; a run resumed after optimizer step ``start`` keeps the lines of steps up to it
+        (lines of later steps, from the interrupted run, are replaced by the steps this run logs again) and
+        appends. memory.json of an earlier run is removed: this run measures its own step."""
         self.out = Path(self.options.output_dir or out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        kept = _lines_up_to(self.out / METRICS, start) if start > 0 else []
+        (self.out / MEMORY).unlink(missing_ok=True)
         self._file = open(self.out / METRICS, "w")
+        self._file.writelines(kept)
+        self._file.flush()
 
     def close(self) -> Path | None:
         """Flush the last line, close the log, write report.html; returns its path (None if never opened)."""
@@ -143,8 +161,9 @@ class StepMeter:
         self.forward_s = self.backward_s = self.optimizer_s = 0.0
         self._t_fwd = self._t_bwd = self._t_opt = None
         self.scale_before = None
+        self._loss_sum, self._loss_count = None, 0
         self.t0 = time.perf_counter()
-        if index == self.options.measure_step and self.memory is None:
+        if index >= self.options.measure_step and self.memory is None:  # a resumed run measures its first step
             self._start_measuring(model, unwrap_optimizer(optimizer))
 
     def micro_batch(self, batch: Any) -> None:
@@ -152,6 +171,22 @@ class StepMeter:
         n, self.unit = items_in(batch)
         self.items += n
         self.micro += 1
+
+    def add_loss(self, loss_sum: torch.Tensor, count: Any) -> None:
+        """A micro-batch's loss summed over its ``count`` loss items (kept on the device: no host sync)."""
+        loss_sum = loss_sum.detach().double()
+        self._loss_sum = loss_sum if self._loss_sum is None else self._loss_sum + loss_sum
+        self._loss_count = self._loss_count + count
+
+    def window_loss(self) -> torch.Tensor | None:
+        """The window's loss: its loss sum over its loss items, over all ranks (``trainfit train``'s definition)."""
+        if self._loss_sum is None:
+            return None
+        both = torch.stack([self._loss_sum, torch.as_tensor(self._loss_count, dtype=torch.float64,
+                                                            device=self._loss_sum.device)])
+        if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(both)  # every rank ends the window: the sum and count of all of them
+        return both[0] / both[1].clamp(min=1)
 
     def forward_begin(self) -> None:
         self._t_fwd = time.perf_counter()
@@ -187,14 +222,17 @@ class StepMeter:
             self._t_opt = None
 
     def step_end(self, step: int, *, scaler: Any = None, skipped: bool | None = None, lr: float | None = None,
-                 loss: Any = None, split_backward: bool = False) -> None:
+                 loss: Any = None, grad_norm: Any = None, split_backward: bool = False) -> None:
         """The window ends after optimizer step number ``step`` (1-based, as trainfit train counts).
 
+        ``loss``: None for the window's own (:meth:`add_loss`); ``lr``: the rate this step's update used.
         ``split_backward``: the tool has no backward hooks (HF Trainer), so backward_s is the window's time
         before the optimizer hook minus forward_s (it includes gradient clipping)."""
         if not self._open_window:
             return
         self._open_window = False
+        if loss is None:
+            loss = self.window_loss()
         t = time.perf_counter()
         step_s = t - self.t0
         self.optimizer_end()
@@ -213,7 +251,7 @@ class StepMeter:
         rec: dict[str, Any] = {
             "step": step, "loss": loss, "count": self.items, "stepped": not skipped,
             "skipped_steps": self.skipped_steps, "lr": lr, "loss_scale": scale if scale is not None else 1.0,
-            "grad_norm": None, "step_s": step_s, f"{self.unit}_per_s": rate,
+            "grad_norm": grad_norm, "step_s": step_s, f"{self.unit}_per_s": rate,
             "forward_s": self.forward_s, "backward_s": self.backward_s, "optimizer_s": self.optimizer_s,
         }
         if measured and self._model is not None:
@@ -225,20 +263,22 @@ class StepMeter:
         self._pending = rec
 
     def log(self, step: int, values: dict[str, Any]) -> None:
-        """Values the tool logged for ``step`` (HF on_log: loss, grad_norm, learning_rate) join its line."""
-        if self._pending is not None and self._pending["step"] == step:
-            for src, dst in (("loss", "loss"), ("grad_norm", "grad_norm"), ("learning_rate", "lr")):
-                if src in values:
-                    self._pending[dst] = values[src]
+        """The pre-clip gradient norm the tool logged for ``step`` (HF on_log) fills a step whose norm the
+        callback could not see (clipped before its hook). The tool's logged loss and learning rate are not
+        used: they average over ``logging_steps`` steps, and the rate is read after the scheduler stepped."""
+        if self._pending is not None and self._pending["step"] == step and self._pending["grad_norm"] is None:
+            if isinstance(values.get("grad_norm"), (int, float)):
+                self._pending["grad_norm"] = float(values["grad_norm"])
+                self._pending.pop("grad_clipped", None)
 
     # ---- internals ---------------------------------------------------------------------------------------
     def _flush(self) -> None:
         rec, self._pending = self._pending, None
         if rec is None or self._file is None:
             return
-        loss = rec["loss"]
-        if isinstance(loss, torch.Tensor):
-            rec["loss"] = float(loss)  # a step later than it was computed: that step is done by now
+        for key in ("loss", "grad_norm"):
+            if isinstance(rec[key], torch.Tensor):
+                rec[key] = float(rec[key])  # a step later than it was computed: that step is done by now
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
 
@@ -281,7 +321,8 @@ class StepMeter:
         micro = max(self.micro, 1)
         per_micro = self.items // micro
         self.memory = MemoryReport(
-            method="measured", model=type(model).__name__, precision=self.precision, checkpointing="none",
+            method="measured", model=type(model).__name__, precision=self.precision,
+            checkpointing=checkpointing_of(model),
             optimizer=type(self._optimizer).__name__.lower() if self._optimizer is not None else "none",
             batch=self._batch_size, seq_len=per_micro // max(self._batch_size, 1) if self.unit == "tokens" else 0,
             accumulation=micro, n_params=n_params, params_bytes=pm["params"], grads_bytes=pm["grads"],
@@ -290,8 +331,9 @@ class StepMeter:
             peak_phase=tracker.peak_phase, peak_parts=dict(tracker.peak_parts),
             phases={k: dict(v) for k, v in tracker.phase_peaks.items() if k != "setup"},
             top_modules=fold_modules(tracker.module_activation_bytes, []),
-            notes=precision_notes(self.precision, n_params, pm["params"], 0),
-            wall_s=time.perf_counter() - self._t_measure, strategy="single", world_size=1,
+            notes=(f"measured inside {self.tool} by trainfit's TrainfitCallback ({self.strategy}, "
+                   f"{self.world_size} process(es))", *precision_notes(self.precision, n_params, pm["params"], 0)),
+            wall_s=time.perf_counter() - self._t_measure, strategy=self.strategy, world_size=self.world_size,
             details={"tool": self.tool, "measured_step": self.index + 1, "flops_per_step": total_flops,
                      f"flops_per_{self.unit[:-1]}": self.flops_per_item, "peak_flops_per_s": self.peak_flops_per_s,
                      "peak_source": self.peak_source})
@@ -306,3 +348,35 @@ class StepMeter:
         leaves = [x for x in torch.utils._pytree.tree_leaves(batch) if isinstance(x, torch.Tensor) and x.dim()]
         if leaves:
             self._batch_size = int(leaves[0].shape[0])
+
+
+def _lines_up_to(path: Path, step: int) -> list[str]:
+    """The metrics.jsonl lines of steps up to ``step`` (a resumed run keeps them); unreadable lines dropped."""
+    if not path.is_file():
+        return []
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    return kept
+
+
+def checkpointing_of(model: nn.Module) -> str:
+    """Activation checkpointing as it is switched on in the model (transformers' ``gradient_checkpointing``
+    flag on each layer): none, full (every layer) or every:K (layers 0, K, 2K, ...), else "N of M layers"."""
+    marked = [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None), bool)]
+    inner = {id(c) for m in marked for c in m.modules() if c is not m}  # the layers, not the stack holding them
+    flags = [bool(m.gradient_checkpointing) for m in marked if not any(id(c) in inner and c is not m
+                                                                       for c in m.modules() if c in marked)]
+    on = [i for i, f in enumerate(flags) if f]
+    if not on:
+        return "none"
+    if len(on) == len(flags):
+        return "full"
+    k = on[1] - on[0] if len(on) > 1 else len(flags)
+    if on == list(range(0, len(flags), k)):
+        return f"every:{k}"
+    return f"{len(on)} of {len(flags)} layers"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainfit.errors import ConfigError
+from trainfit.errors import SHOWN_CHARS, ConfigError
 
 Tool = Literal["transformers", "accelerate", "lightning"]
 
@@ -112,7 +112,8 @@ class FromConfig:
 
 
 def _show(v: Any) -> str:
-    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."  # a value, not a page
 
 
 # -- files ---------------------------------------------------------------------------------------------------
@@ -132,9 +133,41 @@ def load_mapping(path: str) -> dict[str, Any]:
         data = json.loads(text)
     except ValueError:
         data = _yaml_load(path, text)
+    except RecursionError:
+        data = None  # refused below, by size
+    _check_size(path, data)
     if not isinstance(data, dict) or not data:
         raise ConfigError("from", path, EXPECTED, "the file does not hold a mapping of settings")
     return data
+
+
+MAX_VALUES = 100_000
+"""Most values (scalars, lists, mappings) a --from file may hold once YAML aliases are expanded: a real
+config holds hundreds; a 330-byte file of nested aliases expands to millions (a 226 MB value)."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of lists and mappings a --from file may hold."""
+
+
+def _check_size(path: str, data: Any) -> None:
+    """Refuse a file whose values, expanded, exceed :data:`MAX_VALUES` or nest beyond :data:`MAX_DEPTH` (YAML
+    aliases share one object, so the count is memoised by identity: cheap however large the expansion)."""
+    counted: dict[int, int] = {}
+
+    def count(node: Any, depth: int) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if depth > MAX_DEPTH:
+            raise ConfigError("from", path, EXPECTED, f"values nested deeper than {MAX_DEPTH} levels")
+        if id(node) not in counted:
+            counted[id(node)] = MAX_VALUES + 1  # a node reached again while counting it: a recursive alias
+            items = node.values() if isinstance(node, dict) else node
+            counted[id(node)] = 1 + sum(min(count(v, depth + 1), MAX_VALUES + 1) for v in items)
+        return counted[id(node)]
+
+    if data is None or count(data, 0) > MAX_VALUES:
+        raise ConfigError("from", path, EXPECTED, f"more than {MAX_VALUES:,} values once its YAML aliases are "
+                          "expanded (or nested too deep to read); write the settings out")
 
 
 def _yaml_load(path: str, text: str) -> Any:
@@ -145,6 +178,8 @@ def _yaml_load(path: str, text: str) -> Any:
                           "pip install 'trainfit[accelerate]'") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        return None  # nested too deep to compose: refused by size
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError("from", path, EXPECTED, f"neither valid JSON nor valid YAML: {first}") from None

@@ -55,7 +55,8 @@ def lr_factor(step: int, *, schedule: Schedule | str, warmup_steps: int, total_s
     """
     if step < 0 or warmup_steps < 0 or total_steps < 1:
         raise ValueError(f"lr_factor: step={step}, warmup_steps={warmup_steps}, total_steps={total_steps}")
-    schedule = Schedule(schedule)
+    if not isinstance(schedule, Schedule):  # the run's config holds the member already: no lookup per step
+        schedule = Schedule(schedule)
     t = step + 1
     if t <= warmup_steps:  # includes every step when the warm-up is as long as the run
         return t / warmup_steps
@@ -77,12 +78,27 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg) -> LambdaLR:
     A constant schedule without warm-up multiplies by exactly 1.0: the lr, and so every update, is bitwise
     what it was without a scheduler.
     """
-    schedule, warmup, total, lr, min_lr = cfg.schedule, cfg.warmup_steps, cfg.steps, cfg.lr, cfg.min_lr
+    schedule, warmup, total, lr, min_lr = Schedule(cfg.schedule), cfg.warmup_steps, cfg.steps, cfg.lr, cfg.min_lr
 
     def factor(step: int) -> float:  # a plain function: LambdaLR's state_dict stores None for it
         return lr_factor(step, schedule=schedule, warmup_steps=warmup, total_steps=total, lr=lr, min_lr=min_lr)
 
-    return LambdaLR(optimizer, factor)
+    flat = schedule == Schedule.CONSTANT and warmup == 0  # the default: every step's factor is exactly 1.0
+    return (_Flat if flat else LambdaLR)(optimizer, factor)
+
+
+class _Flat(LambdaLR):
+    """``LambdaLR`` over a factor that is 1.0 at every step (constant, no warm-up): a step leaves every lr
+    as it is, so :meth:`step` only counts -- the state (``last_epoch``, ``_step_count``, ``_last_lr``) is
+    the one ``LambdaLR.step`` leaves, without its walk over the groups, once per optimizer step on the
+    training loop's hot path (issue 29: most of what ``Run.step`` adds to ``optimizer_step``)."""
+
+    def step(self, epoch: int | None = None) -> None:
+        if epoch is not None or not hasattr(self, "_last_lr"):  # the constructor's first step, an explicit epoch
+            super().step(epoch)
+            return
+        self._step_count += 1
+        self.last_epoch += 1
 
 
 def advance(scheduler: LRScheduler, *, stepped: bool) -> None:
@@ -95,9 +111,13 @@ def advance(scheduler: LRScheduler, *, stepped: bool) -> None:
     if stepped:
         scheduler.step()
         return
+    _unwarned(scheduler.step)
+
+
+def _unwarned(step) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before", category=UserWarning)
-        scheduler.step()
+        step()
 
 
 def restore_scheduler(scheduler: LRScheduler, state: dict | None, next_step: int) -> None:
@@ -113,7 +133,9 @@ def restore_scheduler(scheduler: LRScheduler, state: dict | None, next_step: int
     """
     if state is None:
         scheduler.last_epoch = next_step - 1
-        advance(scheduler, stepped=False)  # last_epoch -> next_step, lr = base_lr * factor(next_step)
+        # torch's own step (also for the flat default, whose step only counts): last_epoch -> next_step and
+        # every group's lr = base_lr * factor(next_step), whatever lr the restored optimizer brought
+        _unwarned(lambda: LRScheduler.step(scheduler))
         return
     scheduler.load_state_dict(dict(state))
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):

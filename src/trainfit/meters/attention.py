@@ -108,6 +108,11 @@ ARCH: dict[str, Arch] = {
     "h200": Arch(sm=(9, 0), source="NVIDIA CUDA GPUs compute capability table: H200 = 9.0 (Hopper)"),
     "a100": Arch(sm=(8, 0), source="NVIDIA CUDA GPUs compute capability table: A100 = 8.0"),
     "l4": Arch(sm=(8, 9), source="NVIDIA CUDA GPUs compute capability table: L4 = 8.9 (Ada)"),
+    "a100-40gb": Arch(sm=(8, 0), source="NVIDIA CUDA GPUs compute capability table: A100 = 8.0"),
+    "a100-pcie": Arch(sm=(8, 0), source="NVIDIA CUDA GPUs compute capability table: A100 = 8.0"),
+    "a100-pcie-40gb": Arch(sm=(8, 0), source="NVIDIA CUDA GPUs compute capability table: A100 = 8.0"),
+    "h100-pcie": Arch(sm=(9, 0), source="NVIDIA CUDA GPUs compute capability table: H100 = 9.0"),
+    "l40s": Arch(sm=(8, 9), source="NVIDIA CUDA GPUs compute capability table: L40S = 8.9 (Ada)"),
 }
 """The GPU targets of ``meters.devices.DEVICES``; ``cpu`` has no row (its own dispatcher decides)."""
 

@@ -1,8 +1,9 @@
 """Device and hardware facts, one table each, with the source of every row; CPU calibration.
 
 ``PEAKS``: dense peak FLOP/s per device and dtype (what MFU is measured against).
-``DEVICES``: what the planner assumes about a device and its links (memory, link bandwidth,
-achievable share of peak), by the names ``--device`` takes.
+``DEVICES``: what the planner assumes about a device and its links (memory, link bandwidth, HBM
+bandwidth, its generation's kernel shares in ``KERNEL_SHARES`` for ``plan.clock``), by the names
+``--device`` takes.
 
 Figures are *dense* tensor-core (or CUDA-core for fp32) peaks from the vendor datasheets;
 where a datasheet lists "with sparsity" figures we halve them and say so. A device that is
@@ -47,7 +48,7 @@ PEAKS: tuple[PeakRow, ...] = (
             peak_tflops={FP32: 67.0, TF32: 494.5, BF16: 989.5, FP16: 989.5},
             source=f"NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column; {_HALVED}"),
     PeakRow(device="A100", names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB",
-                                  "NVIDIA A100 80GB PCIe"),
+                                  "NVIDIA A100 80GB PCIe"),  # one peak for all four: same GA100 clocks
             peak_tflops={FP32: 19.5, TF32: 156.0, BF16: 312.0, FP16: 312.0},
             source="NVIDIA A100 Tensor Core GPU datasheet (2021); dense figures as listed (sparse ones are 2x)"),
     PeakRow(device="L4", names=("NVIDIA L4",),
@@ -56,6 +57,10 @@ PEAKS: tuple[PeakRow, ...] = (
     PeakRow(device="L40S", names=("NVIDIA L40S",),
             peak_tflops={FP32: 91.6, TF32: 183.0, BF16: 362.05, FP16: 362.05},
             source="NVIDIA L40S GPU datasheet (2023); dense figures as listed (sparse ones are 2x)"),
+    PeakRow(device="MI300X", names=("AMD Instinct MI300X",),
+            peak_tflops={FP32: 163.4, TF32: 653.7, BF16: 1307.4, FP16: 1307.4},
+            source="AMD Instinct MI300X accelerator data sheet (2023): dense matrix figures (FP32 matrix 163.4; "
+                   "TF32, FP16, BF16 as listed without sparsity)"),
     PeakRow(device="A10", names=("NVIDIA A10",),
             peak_tflops={FP32: 31.2, TF32: 62.5, BF16: 125.0, FP16: 125.0},
             source="NVIDIA A10 Tensor Core GPU datasheet (2021); dense figures as listed (sparse ones are 2x)"),
@@ -113,30 +118,123 @@ class DeviceRow:
     source: str
     host_bytes_per_s: float | None = None
     """Per device, one direction, between device and host memory (offload traffic); None: unknown (CPU: none)."""
+    hbm_bytes_per_s: float | None = None
+    """Datasheet memory bandwidth (what the memory-bound ops of the op-level clock run at); None: the CPU."""
+    arch: str | None = None
+    """Key of :data:`KERNEL_SHARES`: what the GEMMs, attention and collectives of this generation reach."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelShares:
+    """What one GPU generation's kernels reach, as shares of its datasheet figures (``plan.clock``)."""
+
+    gemm: float
+    """Share of the dense peak a large, well-shaped GEMM sustains."""
+    attention: float
+    """Share of the dense peak the fused attention kernel (SDPA flash) sustains, forward + backward."""
+    hbm: float
+    """Share of the datasheet memory bandwidth a streaming elementwise kernel reaches."""
+    kernel_s: float
+    """Fixed cost of one kernel (launch and ramp-up)."""
+    bus: float
+    """NCCL/RCCL ring bus bandwidth as a share of the per-direction link bandwidth."""
+    source: str
+
+
+_FA2 = ("Dao 2023, FlashAttention-2 (arXiv 2307.08691): FlashAttention-2 reaches 50-73% of the A100's peak, close "
+        "to the 80-90% optimized GEMMs reach")
+_FA3 = ("Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608): FlashAttention-2 (what SDPA's flash backend runs) "
+        "reaches 35% of the H100's peak, a Hopper-native warp-specialised kernel 75%")
+_ASSUMED = ("assumed, no measurement read: streaming kernels at 80% of the datasheet bandwidth, 4 us per kernel, "
+            "ring collectives at 80% of the link")
+KERNEL_SHARES: dict[str, KernelShares] = {
+    "ampere": KernelShares(gemm=0.85, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                           source=f"GEMM 0.85, attention 0.6: {_FA2}; {_ASSUMED}"),
+    "hopper": KernelShares(gemm=0.75, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                           source=f"GEMM 0.75 (cuBLAS's Hopper GEMMs are TMA/WGMMA kernels of that kind), attention "
+                                  f"0.35: {_FA3}; {_ASSUMED}"),
+    "ada": KernelShares(gemm=0.85, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                        source=f"as Ampere (the same mma.sync tensor-core path; no Ada figure read): {_FA2}; "
+                               f"{_ASSUMED}"),
+    "cdna3": KernelShares(gemm=0.5, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                          source="assumed, no measurement read: GEMM 0.5, attention 0.35 of the datasheet peak (pass "
+                                 f"--calibrate on the device once it measures GEMMs); {_ASSUMED}"),
+}
+"""Per GPU generation: the shares ``plan.clock`` prices kernels at, with their sources."""
+
+EAGER_SHARE = 0.78
+"""Share of the kernel-priced rate an eager PyTorch FSDP step sustains, one figure for every device."""
+EAGER_SOURCE = ("eager share 0.78: fitted, the median measured/priced step over the 9 held-in rows of "
+                "benchmarks/planner_published.py (MosaicML llm-foundry's A100 80GB table at sequence 2048 on 8 "
+                "GPUs; its other rows, the H100 and A100 40GB ones and the other sources, are held out)")
 
 
 _MFU = "Llama 3 paper (Dubey et al. 2024, table 4): 38-43% bf16 MFU on H100 at scale -> 0.40"
+_NVL3 = "NVLink 3: 600 GB/s bidirectional (300 per direction)"
+_NVL4 = "NVLink 4: 900 GB/s bidirectional (450 per direction)"
+_PCIE4, _PCIE5 = "PCIe Gen4 x16: 64 GB/s bidirectional (32 per direction)", "PCIe Gen5 x16: 128 GB/s bidirectional (64)"
 DEVICES: dict[str, DeviceRow] = {
     "h100": DeviceRow(name="h100", peak_row="H100-SXM", memory_bytes=80 * 2**30, intra_bytes_per_s=450e9,
                       inter_bytes_per_s=50e9, achievable_frac=0.40, overlap=1.0,
-                      host_bytes_per_s=64e9,
-                      source="NVIDIA H100 datasheet: NVLink 900 GB/s bidirectional (450 GB/s per direction); "
+                      host_bytes_per_s=64e9, hbm_bytes_per_s=3.35e12, arch="hopper",
+                      source="NVIDIA H100 datasheet, SXM column: 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s "
+                             "bidirectional (450 GB/s per direction); "
                              "DGX H100: one 400 Gb/s ConnectX-7 per GPU (50 GB/s); PCIe Gen5 128 GB/s bidirectional "
                              "to the host (64 GB/s per direction); " + _MFU),
     "h200": DeviceRow(name="h200", peak_row="H200-SXM", memory_bytes=141 * 2**30, intra_bytes_per_s=450e9,
                       inter_bytes_per_s=50e9, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=64e9,
-                      source="NVIDIA H200 datasheet (2024), SXM column: 141 GB HBM3e, NVLink 900 GB/s bidirectional "
+                      hbm_bytes_per_s=4.8e12, arch="hopper",
+                      source="NVIDIA H200 datasheet (2024), SXM column: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s "
+                             "bidirectional "
                              "(450 GB/s per direction), PCIe Gen5 128 GB/s bidirectional to the host (64 per "
                              "direction); DGX H200: one 400 Gb/s ConnectX-7 per GPU (50 GB/s); " + _MFU),
     "a100": DeviceRow(name="a100", peak_row="A100", memory_bytes=80 * 2**30, intra_bytes_per_s=300e9,
                       inter_bytes_per_s=25e9, achievable_frac=0.40, overlap=1.0,
-                      host_bytes_per_s=32e9,
-                      source="NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional (300 per direction); "
+                      host_bytes_per_s=32e9, hbm_bytes_per_s=2.039e12, arch="ampere",
+                      source="NVIDIA A100 datasheet, 80GB SXM column: HBM2e at 2,039 GB/s; NVLink 600 GB/s "
+                             "bidirectional (300 per direction); "
                              "DGX A100: one 200 Gb/s HDR NIC per GPU (25 GB/s); PCIe Gen4 64 GB/s bidirectional to "
                              "the host (32 per direction); " + _MFU),
+    "a100-40gb": DeviceRow(name="a100-40gb", peak_row="A100", memory_bytes=40 * 2**30, intra_bytes_per_s=300e9,
+                           inter_bytes_per_s=25e9, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=32e9,
+                           hbm_bytes_per_s=1.555e12, arch="ampere",
+                           source=f"NVIDIA A100 datasheet, 40GB SXM column: HBM2 at 1,555 GB/s; {_NVL3}; DGX A100: one "
+                                  f"200 Gb/s HDR NIC per GPU (25 GB/s); {_PCIE4} to the host; " + _MFU),
+    "a100-pcie": DeviceRow(name="a100-pcie", peak_row="A100", memory_bytes=80 * 2**30, intra_bytes_per_s=32e9,
+                           inter_bytes_per_s=None, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=32e9,
+                           hbm_bytes_per_s=1.935e12, arch="ampere",
+                           source=f"NVIDIA A100 datasheet, 80GB PCIe column: HBM2e at 1,935 GB/s; devices talk over "
+                                  f"{_PCIE4} (the NVLink bridge joins pairs only), also the host link; between nodes "
+                                  "pass --bandwidth-inter; " + _MFU),
+    "a100-pcie-40gb": DeviceRow(name="a100-pcie-40gb", peak_row="A100", memory_bytes=40 * 2**30,
+                                intra_bytes_per_s=32e9, inter_bytes_per_s=None, achievable_frac=0.40, overlap=1.0,
+                                host_bytes_per_s=32e9, hbm_bytes_per_s=1.555e12, arch="ampere",
+                                source=f"NVIDIA A100 datasheet, 40GB PCIe column: HBM2 at 1,555 GB/s; {_PCIE4} between "
+                                       "devices and to the host; between nodes pass --bandwidth-inter; " + _MFU),
+    "h100-pcie": DeviceRow(name="h100-pcie", peak_row="H100-PCIe", memory_bytes=80 * 2**30, intra_bytes_per_s=64e9,
+                           inter_bytes_per_s=None, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=64e9,
+                           hbm_bytes_per_s=2.0e12, arch="hopper",
+                           source=f"NVIDIA H100 datasheet, PCIe column: 80 GB HBM2e at 2 TB/s; devices talk over "
+                                  f"{_PCIE5} (the NVLink bridge joins pairs only), also the host link; between nodes "
+                                  "pass --bandwidth-inter; " + _MFU),
+    "l40s": DeviceRow(name="l40s", peak_row="L40S", memory_bytes=48 * 2**30, intra_bytes_per_s=32e9,
+                      inter_bytes_per_s=None, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=32e9,
+                      hbm_bytes_per_s=864e9, arch="ada",
+                      source=f"NVIDIA L40S datasheet (2023): 48 GB GDDR6 at 864 GB/s, no NVLink: {_PCIE4} between "
+                             "devices and to the host; between nodes pass --bandwidth-inter; " + _MFU),
+    "mi300x": DeviceRow(name="mi300x", peak_row="MI300X", memory_bytes=192 * 2**30, intra_bytes_per_s=448e9,
+                        inter_bytes_per_s=50e9, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=64e9,
+                        hbm_bytes_per_s=5.3e12, arch="cdna3",
+                        source="AMD Instinct MI300X data sheet (2023): 192 GB HBM3 at 5.3 TB/s; seven Infinity Fabric "
+                               "links of 128 GB/s bidirectional to the other seven GPUs of an 8-GPU platform (896 GB/s "
+                               "aggregate bidirectional, 448 per direction); PCIe Gen5 x16 128 GB/s bidirectional to "
+                               "the host (64 per direction); between nodes one 400 Gb/s NIC per GPU assumed (50 GB/s); "
+                               + _MFU),
     "l4": DeviceRow(name="l4", peak_row="L4", memory_bytes=24 * 2**30, intra_bytes_per_s=32e9,
                     inter_bytes_per_s=None, achievable_frac=0.40, overlap=1.0, host_bytes_per_s=32e9,
-                    source="NVIDIA L4 datasheet (2023): 24 GB GDDR6, no NVLink: devices talk over PCIe Gen4 x16 "
+                    hbm_bytes_per_s=300e9, arch="ada",
+                    source="NVIDIA L4 datasheet (2023): 24 GB GDDR6 at 300 GB/s, no NVLink: devices talk over PCIe "
+                           "Gen4 x16 "
                            "(64 GB/s bidirectional, 32 per direction), which is also the host link; between nodes "
                            "it depends on the cloud (pass --bandwidth-inter); " + _MFU),
     "cpu": DeviceRow(name="cpu", peak_row=None, memory_bytes=None, intra_bytes_per_s=None, inter_bytes_per_s=None,
@@ -144,6 +242,20 @@ DEVICES: dict[str, DeviceRow] = {
                      source="calibrated on this machine (calibrate_cpu below); gloo on CPU does not "
                             "overlap communication with backward; memory and bandwidth must be given"),
 }
+
+
+def clock_facts(row: DeviceRow) -> dict | None:
+    """The keyword arguments of ``plan.clock.DeviceClock`` for a GPU row (peaks, bandwidth, kernel shares and every
+    source), or None for a row without them (the CPU: its rate is calibrated)."""
+    peak = find_device(row.peak_row) if row.peak_row else None
+    if peak is None or row.hbm_bytes_per_s is None or row.arch is None:
+        return None
+    k = KERNEL_SHARES[row.arch]
+    return dict(name=row.name, peak_flops={d: t * 1e12 for d, t in peak.peak_tflops.items()},
+                hbm_bytes_per_s=row.hbm_bytes_per_s, gemm_share=k.gemm, attention_share=k.attention, hbm_share=k.hbm,
+                kernel_s=k.kernel_s, bus_share=k.bus, eager_share=EAGER_SHARE,
+                sources=(f"peak: {peak.source}", f"memory and links: {row.source.split('; ' + _MFU)[0]}",
+                         f"kernel shares ({row.arch}): {k.source}", EAGER_SOURCE))
 
 
 def device_row(name: str) -> DeviceRow:

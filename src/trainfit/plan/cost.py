@@ -10,9 +10,14 @@ pair on one device, from the memory estimator or from the shape -- scaled analyt
     temporaries   fixed + per_sample x micro_batch        (live at the peak besides the above)
     peak          max(backward peak, optimizer-step peak)
 
-Step time = hardware FLOPs (recompute included) / achievable FLOP/s + per-micro-batch
-overhead + communication not hidden behind backward (ring model of ``plan.comm``: bytes /
-bandwidth plus, per collective call the strategy really issues, its ring steps x latency).
+Step time, two clocks:
+
+- op by op (``Links.clock`` set: a device row with the model's shape; ``plan.clock``): every weight GEMM at a
+  shape- and dtype-dependent rate, the attention kernel as it runs, the memory-bound ops at HBM speed, the
+  optimizer step, kernel fixed costs, and each strategy's communication with the overlap it really gets;
+- by FLOPs (no clock: this CPU, calibrated): hardware FLOPs (recompute included) / achievable FLOP/s +
+  per-micro-batch overhead + communication not hidden behind backward (ring model of ``plan.comm``: bytes /
+  bandwidth plus, per collective call the strategy really issues, its ring steps x latency).
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainfit.plan import comm
+from trainfit.plan.clock import (
+    Clock,
+    optimizer_seconds,
+    overlapped,
+    ring_seconds,
+    weight_cast_seconds,
+)
 from trainfit.plan.offload import offload_price
 from trainfit.vocabulary import PRECISIONS, GradSync, PrecisionName, precision_facts, strategy_facts
 
@@ -232,6 +244,9 @@ class Links:
     beyond the compute and the modelled communication, fitted to measured steps of that strategy
     (``plan.sources.fit_dist_overhead``). On CPU/gloo it is FSDP2's per-unit CPU work (DTensor
     bookkeeping, copy-in/out, hooks) and each collective's wait for its peer; empty elsewhere."""
+    clock: Clock | None = None
+    """The op-level clock (``plan.clock``) of this pair on a device with a table row; None: priced by FLOPs at
+    ``flops_per_s`` (the CPU's calibrated rate)."""
 
     def dist_overhead_s(self, strategy: str, grad_sync: str, accumulation: int) -> float:
         for s, sync, per_step, per_mb in self.dist_overhead:
@@ -253,6 +268,18 @@ class Time:
     """Measured distributed overhead beyond compute and modelled communication (Links.dist_overhead)."""
     offload_s: float = 0.0
     """The host copies of ``--offload`` (:func:`offload_seconds`), not overlapped with compute."""
+    matmul_s: float = 0.0
+    """Of ``compute_s``: compute-bound kernels (weight GEMMs, attention), recompute excluded."""
+    memory_s: float = 0.0
+    """Of ``compute_s``: memory-bound kernels (norms, activations, casts, loss, optimizer step), recompute excluded."""
+    fixed_s: float = 0.0
+    """Of ``compute_s``: fixed costs (kernel launches, measured per-step and per-micro-batch overheads)."""
+
+    def parts(self) -> dict[str, float]:
+        """The step split as ``plan --explain`` prints it (sums to ``step_s``)."""
+        return {"compute_bound_s": self.matmul_s, "memory_bound_s": self.memory_s, "recompute_s": self.recompute_s,
+                "exposed_comm_s": self.exposed_comm_s, "fixed_s": self.fixed_s,
+                "dist_overhead_s": self.overhead_s, "offload_s": self.offload_s}
 
 
 BACKWARD_SHARE = 2 / 3
@@ -277,6 +304,8 @@ def offload_seconds(b: Basis, c: Candidate, links: Links, *, activation_bytes: f
 
 
 def step_time(b: Basis, c: Candidate, links: Links, *, offloaded_activation_bytes: float = 0.0) -> Time:
+    if links.clock is not None:
+        return clocked_step_time(b, c, links, offloaded_activation_bytes=offloaded_activation_bytes)
     samples = c.micro_batch * c.accumulation
     compute = (b.hardware_flops_per_sample * samples / links.flops_per_s
                + c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s)
@@ -302,8 +331,96 @@ def step_time(b: Basis, c: Candidate, links: Links, *, offloaded_activation_byte
     comm_s += small_s
     offload = offload_seconds(b, c, links, activation_bytes=offloaded_activation_bytes)
     step = compute + exposed + overhead + offload
+    fixed = c.accumulation * links.overhead_per_micro_batch_s + links.per_step_s
+    if c.compile:
+        fixed /= links.compile_speedup
     return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
-                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead, offload_s=offload)
+                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead, offload_s=offload,
+                matmul_s=compute - recompute - fixed, fixed_s=fixed)
+
+
+def recompute_share(b: Basis) -> float:
+    """What checkpointing reruns, as a share of one forward: recompute FLOPs / forward FLOPs (a third of the
+    forward + backward the basis counts)."""
+    forward = b.model_flops_per_sample / 3
+    return max(0.0, b.hardware_flops_per_sample - b.model_flops_per_sample) / forward if forward > 0 else 0.0
+
+
+def clocked_step_time(b: Basis, c: Candidate, links: Links, *, offloaded_activation_bytes: float = 0.0) -> Time:
+    """Step time op by op (``plan.clock``): micro-batches x (GEMMs + attention + memory-bound ops + kernel
+    fixed costs), recompute as its share of the forward, the optimizer step over the parameters this device
+    steps, and the communication each strategy leaves exposed."""
+    clock = links.clock
+    dev = clock.device
+    mb = clock.micro_batch(c.micro_batch)
+    acc = c.accumulation
+    facts = strategy_facts(c.strategy)
+    stepped = (b.n_trainable or b.n_params) / (c.n if facts.distributed and "optimizer" in facts.shards else 1)
+    opt = optimizer_seconds(stepped, dev, tensors=b.n_param_tensors)
+    share = recompute_share(b)
+    matmul = acc * (mb.matmul_s + mb.attention_s)
+    mem = acc * mb.memory_s + opt
+    if precision_facts(c.precision).autocast:  # fp32 weights cast each micro-batch (FSDP2: the shard, pre-gather)
+        mem += acc * weight_cast_seconds(b.n_params / (c.n if facts.fsdp else 1), dev)
+    recompute = acc * share * mb.forward_s
+    fixed = acc * (mb.fixed_s + links.overhead_per_micro_batch_s) + links.per_step_s
+    # an eager step does not run its kernels back to back (DeviceClock.eager_share)
+    matmul, mem, recompute = (x / dev.eager_share for x in (matmul, mem, recompute))
+    if c.compile:  # the kernels and launches compile changes; the communication stays as it was
+        matmul, mem, recompute, fixed = (x / links.compile_speedup for x in (matmul, mem, recompute, fixed))
+    compute = matmul + mem + recompute + fixed
+    comm_s = exposed = overhead = 0.0
+    if c.n > 1 and c.strategy in comm.DISTRIBUTED:
+        overhead = links.dist_overhead_s(c.strategy, c.grad_sync, c.accumulation)
+        comm_s, exposed = _clocked_comm(b, c, links, forward_s=mb.forward_s / dev.eager_share,
+                                        backward_s=(mb.total_s - mb.forward_s + share * mb.forward_s) / dev.eager_share)
+    offload = offload_seconds(b, c, links, activation_bytes=offloaded_activation_bytes)
+    step = compute + exposed + overhead + offload
+    return Time(compute_s=compute, recompute_s=recompute, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
+                scaling_efficiency=compute / step if step > 0 else 1.0, overhead_s=overhead, offload_s=offload,
+                matmul_s=matmul, memory_s=mem, fixed_s=fixed)
+
+
+def _clocked_comm(b: Basis, c: Candidate, links: Links, *, forward_s: float, backward_s: float) -> tuple[float, float]:
+    """(all communication, the part left exposed) of one step, per the strategy's real overlap.
+
+    FSDP2 (zero2/zero3): every micro-batch all-gathers each unit (the blocks and the root) in forward, unit i's
+    gather prefetched behind unit i-1's compute (the first exposed); zero3 gathers again in backward; each
+    unit's reduce-scatter (in the micro-batches that sync) runs behind the next unit's backward, the last
+    exposed. DDP and zero1: bucketed all-reduces behind the last micro-batch's backward, the last bucket
+    exposed; zero1 then broadcasts the updated parameters, exposed. The small all-reduces (token count, loss,
+    clip norm, overflow flag) block the step."""
+    n, dev = c.n, links.clock.device
+    ring = dict(bandwidth_bytes_per_s=links.bandwidth_bytes_per_s, bus_share=dev.bus_share, latency_s=links.latency_s)
+    facts = strategy_facts(c.strategy)
+    per_mb = c.grad_sync == GradSync.PER_MICRO_BATCH
+    calls = comm.collective_calls(c.strategy, grad_bytes=b.grad_comm_bytes, n_param_tensors=b.n_param_tensors,
+                                  fsdp_units=b.n_blocks + 1, accumulation=c.accumulation, per_micro_batch=per_mb,
+                                  loss_scaling=c.precision.startswith("fp16"))
+    small = 2 * (n - 1) * calls.small_all_reduce * links.latency_s
+    acc = c.accumulation
+    if facts.fsdp:
+        units = b.n_blocks + 1
+        ag = ring_seconds(b.param_comm_bytes / units, n, **ring)
+        rs = ring_seconds(b.grad_comm_bytes / units, n, **ring)
+        again = ag if facts.reshard_after_forward else 0.0
+        syncs = acc if per_mb else 1
+        fwd, bwd = forward_s / units, backward_s / units
+        exposed = (acc * overlapped(ag, fwd, units) + syncs * overlapped(again + rs, bwd, units)
+                   + (acc - syncs) * overlapped(again, bwd, units))
+        total = units * (acc * (ag + again) + syncs * rs)
+        return total + small, exposed + small
+    buckets = comm.ddp_buckets(b.grad_comm_bytes)
+    ar = (ring_seconds(b.grad_comm_bytes, n, all_reduce=True, **ring)
+          + (buckets - 1) * 2 * (n - 1) * links.latency_s)
+    last = ring_seconds(min(b.grad_comm_bytes, comm.DDP_BUCKET_BYTES), n, all_reduce=True, **ring)
+    exposed = max(last, ar - backward_s)
+    total = ar
+    if facts.shards_optimizer_by_parameter:  # ZeroRedundancyOptimizer: each rank broadcasts its updated share
+        bcast = ring_seconds(b.params_bytes, n, **ring) + max(0, b.n_param_tensors - 1) * (n - 1) * links.latency_s
+        exposed += bcast
+        total += bcast
+    return total + small, exposed + small
 
 
 def _per_step_only(strategy: str) -> bool:

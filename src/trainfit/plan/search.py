@@ -146,9 +146,12 @@ class PlanEntry:
     """``--offload`` parts ("" none), priced at the host link."""
     offload_s: float = 0.0
     """Seconds of the step spent on offload's host copies (not overlapped)."""
+    time_parts: dict[str, float] = field(default_factory=dict)
+    """The step split by what bounds it (``plan.cost.Time.parts``: ``plan --explain``)."""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
+        del d["time_parts"]  # given by --explain, for the row asked
         for key in ("compile", "offload", "offload_s"):  # said only when on: plans without them read back the same
             if not d[key]:
                 del d[key]
@@ -272,7 +275,7 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
             peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
             fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
             compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile, offload=c.offload,
-            offload_s=t.offload_s))
+            offload_s=t.offload_s, time_parts=t.parts()))
     if not entries:
         raise TrainfitError("plan: no candidate is compatible with the device and device count: "
                             + "; ".join(excluded))

@@ -18,39 +18,16 @@ from pathlib import Path
 import torch.distributed as dist
 
 from trainfit.config import RunConfig, make_config
-from trainfit.plan.basis import basis_from_reports
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
 from trainfit.probes.compile import measure_compile_speedup
-from trainfit.probes.estimate import BASIS_BATCHES, estimate_memory, model_units
+from trainfit.probes.estimate import BASIS_BATCHES
 from trainfit.probes.fastbasis import BASIS_SOURCES, basis_provider, links_provider  # noqa: F401 -- re-exported
-from trainfit.probes.memory import example_batch, measure_memory
-from trainfit.probes.profile import task_flop_counter
-from trainfit.run import build_run, task_of
+from trainfit.probes.fullbasis import report_basis  # noqa: F401 -- re-exported (its home since issue 29)
+from trainfit.probes.memory import example_batch
+from trainfit.run import build_run
 from trainfit.strategies.launch import spawn_errors, spawn_local
 from trainfit.tasks.base import to_device
 from trainfit.vocabulary import STRATEGIES, PrecisionName, StrategyName
-
-def report_basis(base_cfg: RunConfig, precision: str, checkpointing: str, *, source: str) -> Basis:
-    """Basis from two memory reports (micro-batches BASIS_BATCHES) plus FLOPs counted on the meta device."""
-    cfg = make_config({"precision": precision, "checkpointing": checkpointing, "micro_batch": 1,
-                       "accumulation": 1, "strategy": StrategyName.SINGLE}, base=base_cfg)
-    probe = estimate_memory if source == "estimate" else measure_memory
-
-    def rep(cfg: RunConfig, batch: int):
-        return probe(cfg, batch=batch)
-
-    # Two micro-batches large enough that activations dominate the forward/backward peak: at 1
-    # the peak can sit at a different moment (late in backward), which a line through it misses.
-    r1, r2 = rep(cfg, BASIS_BATCHES[0]), rep(cfg, BASIS_BATCHES[1])
-    cfg2 = make_config({"accumulation": 2}, base=cfg)
-    q1, q2 = rep(cfg2, BASIS_BATCHES[0]), rep(cfg2, BASIS_BATCHES[1])
-    task = task_of(cfg)
-    counter = task_flop_counter(task, cfg.checkpointing)
-    model_flops, hw_flops = counter.micro_batch(example_batch(task, 1))
-    n_blocks, n_tensors, max_unit = model_units(cfg)
-    return basis_from_reports(r1, r2, model_flops_per_sample=model_flops, hardware_flops_per_sample=hw_flops,
-                              n_blocks=n_blocks, acc_reports=(q1, q2), n_param_tensors=n_tensors,
-                              max_unit_params=max_unit)
 
 
 def measure_step_s(cfg: RunConfig, *, reps: int = 5, clock: Callable[[], float] | None = None,

@@ -320,7 +320,7 @@ def basis_provider(base_cfg: RunConfig, *, source: str = "auto",
         return (lambda p, ck: fast_basis(base_cfg, p, ck, target=target)), chosen
     # lazy: the full paths (four estimates or measured steps per pair) build runs; the cached and analytic ones
     # answer `trainfit plan` without importing the run (torch.distributed.tensor) or a model's library
-    from trainfit.probes.calibrate import report_basis
+    from trainfit.probes.fullbasis import report_basis
 
     return (lambda p, ck: report_basis(base_cfg, p, ck, source=chosen)), chosen
 

@@ -38,7 +38,16 @@ from trainfit.results import fold_modules
 from trainfit.run import build_run
 from trainfit.tasks.base import to_device
 from trainfit.units import fmt_bytes
-from trainfit.vocabulary import PART_LABELS, PARTS, PrecisionName, StrategyName, parse_checkpoint_policy, refusal
+from trainfit.vocabulary import (
+    PART_LABELS,
+    PARTS,
+    Dtype,
+    PrecisionName,
+    StrategyName,
+    parse_checkpoint_policy,
+    precision_facts,
+    refusal,
+)
 
 MARGIN = 0.05
 """Share of the cap kept free when judging a change from the estimate (it is within 3% of measured on the
@@ -88,7 +97,7 @@ def candidate_configs(cfg: RunConfig, devices: int, *, divisors: tuple[int, ...]
             out.append((f"checkpointing {spec}", ("--checkpointing", spec),
                         dataclasses.replace(cfg, checkpointing=parse_checkpoint_policy(spec))))
     for p in (PrecisionName.BF16_MIXED, PrecisionName.BF16_TRUE):
-        if cfg.precision == PrecisionName.FP32 and refusal(cfg.strategy, p) is None:
+        if precision_facts(cfg.precision).compute == Dtype.FP32 and refusal(cfg.strategy, p) is None:  # its row
             out.append((str(p), ("--precision", str(p)), dataclasses.replace(cfg, precision=p)))
     if devices > 1:
         for s in (StrategyName.ZERO2, StrategyName.ZERO3):

@@ -9,7 +9,11 @@ on the same samples, starting from the same weights.
 Reported:
   * gradient cosine similarity and relative error (``||g - g_ref|| / ||g_ref||``), the
     gradients taken right after unscaling, before clipping -- what the optimizer would use;
-  * the worst per-tensor relative error of the update (``||du - du_ref|| / ||du_ref||``);
+  * the worst per-tensor relative error of the update (``||du - du_ref|| / ||du_ref||``), judged against the
+    precision's tolerance -- or, when only the update is outside it, against the noise floor measured in the
+    same call (:class:`NoiseFloor`: Adam turns a 1e-7 reordering of a near-zero gradient into a per-tensor
+    update difference near 1e-3, so a compiled or accumulated step can exceed the fp32 tolerance by rounding
+    alone); the report's ``update_bound`` and ``update_bound_kind`` say which bound was used;
   * skipped steps (overflow), retried on the same data as training would;
   * the share of non-zero gradient values that fp16 *without* loss scaling flushes to zero.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -90,7 +95,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (full() if full is not None else t).detach().clone()
 
 
-def _reference_grads(model: nn.Module, task, batches: list) -> list[torch.Tensor]:
+def reference_grads(model: nn.Module, task, batches: list) -> list[torch.Tensor]:
     """fp32 gradient of ``sum(loss_sums) / sum(counts)`` over ``batches`` (no grads left behind)."""
     model.zero_grad(set_to_none=True)
     total = sum(task.count(b) for b in batches)
@@ -102,7 +107,7 @@ def _reference_grads(model: nn.Module, task, batches: list) -> list[torch.Tensor
     return grads
 
 
-def _mean_of_means_grads(model: nn.Module, task, micro_batches: list) -> list[torch.Tensor]:
+def mean_of_means_grads(model: nn.Module, task, micro_batches: list) -> list[torch.Tensor]:
     """Gradient a mis-normalised accumulation computes: mean over micro-batches of each one's mean loss."""
     model.zero_grad(set_to_none=True)
     for b in micro_batches:
@@ -111,6 +116,74 @@ def _mean_of_means_grads(model: nn.Module, task, micro_batches: list) -> list[to
     grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     return grads
+
+
+def optimizer_update(cfg: RunConfig, model: nn.Module, init: list[torch.Tensor],
+                     grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The update one plain optimizer step of ``cfg`` makes from ``init`` with ``grads``: a copy of ``model``,
+    the run's parameter groups, the first step's learning rate and the same clipping (``model`` is untouched)."""
+    copy_ = copy.deepcopy(model)
+    params = list(copy_.parameters())
+    with torch.no_grad():
+        for p, a in zip(params, init):
+            p.copy_(a)
+    opt = make_optimizer(cfg, params, model=copy_)  # the same groups: no decay on biases, norms, embeddings
+    first_lr = cfg.lr * lr_factor(0, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+                                  lr=cfg.lr, min_lr=cfg.min_lr)  # the run's first step is at the schedule's start
+    for group in opt.param_groups:
+        group["lr"] = first_lr
+    for p, g in zip(params, grads):
+        p.grad = g.detach().to(p.dtype).clone()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    return [p.detach() - a for p, a in zip(params, init)]
+
+
+NOISE_MARGIN = 2.0
+"""An update within this many times the noise floor measured in the same call passes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseFloor:
+    """How far the update moves from the reference through rounding alone, measured in the same call.
+
+    Adam divides each gradient value by its own magnitude, so where a gradient is near zero a relative
+    rounding difference of 1e-7 (another kernel's summation order: torch.compile, accumulation) becomes a
+    per-tensor update difference near 1e-3, the fp32 tolerance. The floor is the larger of two measurements:
+    the reference optimizer fed the run's own gradient (the update error that gradient's rounding explains;
+    the gradient itself is judged against its tolerance), and the eager reference recomputed with the global
+    batch's rows in reverse order (eager fp32's own reordering noise)."""
+
+    run_gradient: float
+    """Worst per-tensor update error of the reference optimizer stepped with the run's gradient."""
+    reordered: float
+    """Worst per-tensor update error of the eager reference summed in another order."""
+    reordered_grad: float
+    """That reordered reference's gradient relative error."""
+    tolerance: float
+    """The precision's update tolerance; the bound is never below it."""
+
+    @property
+    def bound(self) -> float:
+        return max(self.tolerance, NOISE_MARGIN * max(self.run_gradient, self.reordered))
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {"update_bound": self.bound, "update_bound_kind": "noise floor",
+                "noise_floor_run_gradient": self.run_gradient, "noise_floor_reordered": self.reordered,
+                "noise_floor_reordered_grad": self.reordered_grad}
+
+
+def update_noise_floor(cfg: RunConfig, ref: nn.Module, init: list[torch.Tensor], task, samples: list, *,
+                       ref_grads: list[torch.Tensor], ref_update: list[torch.Tensor],
+                       run_grads: list[torch.Tensor]) -> NoiseFloor:
+    """Measure :class:`NoiseFloor` for this step (two more reference optimizer steps, one more backward)."""
+    reordered = reference_grads(ref, task, [task.collate(samples[::-1])])
+    return NoiseFloor(
+        run_gradient=update_rel_error(optimizer_update(cfg, ref, init, run_grads), ref_update),
+        reordered=update_rel_error(optimizer_update(cfg, ref, init, reordered), ref_update),
+        reordered_grad=rel_error(flat(reordered), flat(ref_grads)),
+        tolerance=precision_facts(cfg.precision).tolerance.max_update_rel_error)
 
 
 def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
@@ -143,18 +216,8 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
 
     idx = global_indices(0, global_batch, len(ds), cfg.seed)
     big = task.collate([ds[i] for i in idx])
-    ref_grads = _reference_grads(ref, task, [big])
-    opt_ref = make_optimizer(cfg, ref_params, model=ref)  # the same groups: no decay on biases, norms, embeddings
-    first_lr = cfg.lr * lr_factor(0, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
-                                  lr=cfg.lr, min_lr=cfg.min_lr)  # the run's first step is at the schedule's start
-    for group in opt_ref.param_groups:
-        group["lr"] = first_lr
-    for p, g in zip(ref_params, ref_grads):
-        p.grad = g.clone()
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(ref_params, cfg.grad_clip)
-    opt_ref.step()
-    ref_update = [p.detach() - a for p, a in zip(ref_params, init)]
+    ref_grads = reference_grads(ref, task, [big])
+    ref_update = optimizer_update(cfg, ref, init, ref_grads)
 
     # The configured step, observed from outside: capture gradients right after unscaling.
     captured: list[list[torch.Tensor]] = []
@@ -190,6 +253,14 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
     ratio = float(g.norm()) / max(float(gr.norm()), 1e-300)
     upd_rel = update_rel_error(update, ref_update) if stepped else math.inf
     tol, ok = judge(precision=cfg.precision, cos=cos, grad_rel=grad_rel, upd_rel=upd_rel, stepped=stepped)
+    extra: dict = {}
+    if stepped and not ok and upd_rel > tol.max_update_rel_error and judge(
+            precision=cfg.precision, cos=cos, grad_rel=grad_rel, upd_rel=0.0, stepped=True)[1]:
+        # Only the update is outside the tolerance: judge it against this call's noise floor instead.
+        floor = update_noise_floor(cfg, ref, init, task, [ds[i] for i in idx], ref_grads=ref_grads,
+                                   ref_update=ref_update, run_grads=grads)
+        extra = floor.to_dict()
+        ok = upd_rel <= floor.bound
     causes = [] if ok else _diagnose(cfg, run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped,
                                      cos, grad_rel, upd_rel, tol)
     return VerifyReport(precision=cfg.precision, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
@@ -198,7 +269,7 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
                         update_max_rel_error=upd_rel, skipped_steps=skipped,
                         fp16_underflow_frac=fp16_underflow_fraction(ref_grads), loss_scale=scale,
                         tolerance=tol, passed=ok, causes=tuple(causes), checkpointing=cfg.checkpointing.spec,
-                        compiled=run.compiled is not None)
+                        compiled=run.compiled is not None, extra=extra)
 
 
 def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,
@@ -226,8 +297,8 @@ def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, s
                for r in range(st.world_size)
                for mb in rank_micro_batches(0, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation, rank=r,
                                             world_size=st.world_size, dataset_size=len(ds), seed=cfg.seed)]
-        mom = flat(_mean_of_means_grads(model, task, mbs))
-        per_mb = flat(_reference_grads(model, task, mbs))  # correct normalisation, split the same way
+        mom = flat(mean_of_means_grads(model, task, mbs))
+        per_mb = flat(reference_grads(model, task, mbs))  # correct normalisation, split the same way
         err_mom = rel_error(g, mom)
         # Only a hypothesis when it differs from the correct split (equal counts make them equal).
         if err_mom < grad_rel / 3 and rel_error(mom, per_mb) > tol.max_grad_rel_error:

@@ -45,6 +45,7 @@ from trainfit.checkpoint import (
     list_checkpoints,
     load_latest,
     restore_rng,
+    resume_record,
     rng_state,
 )
 from trainfit.errors import CheckpointError
@@ -147,7 +148,7 @@ def save(run: Checkpointed, step: int) -> Path:
     _save_rng(tmp, run)
     _barrier()  # every rank's RNG file is in place before rank 0 renames the directory
     if _rank() == 0:
-        meta = {"format": FORMAT, "step": step, "config": run.cfg.to_dict(), "world_size": _world(),
+        meta = {"format": FORMAT, "step": step, "config": resume_record(run.cfg), "world_size": _world(),
                 "strategy": run.strategy.name, "precision": precision, "schedule": run.scheduler.state_dict()}
         atomic_write_bytes(tmp / META, json.dumps(meta).encode())
         if final.exists():  # re-written after a restart: the new one is at least as recent
@@ -176,7 +177,7 @@ def load(run: Checkpointed, path: Path) -> int:
         raise CheckpointError(f"checkpoint {path}: unreadable {META} ({type(e).__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a trainfit sharded checkpoint (expected {FORMAT!r})")
-    check_resumable(meta["config"], int(meta["world_size"]), run.cfg.to_dict(), _world(), path)
+    check_resumable(meta["config"], int(meta["world_size"]), resume_record(run.cfg), _world(), path)
     _materialise_optimizer_state(run.optimizer)
     state, _ = _state(run)
     try:

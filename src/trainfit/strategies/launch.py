@@ -12,6 +12,7 @@ import ipaddress
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,19 +90,78 @@ def init_from_torchrun(env: TorchrunEnv, *, timeout_s: float) -> pg.World:
                    timeout_s=timeout_s)
 
 
-def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0) -> None:
+REFUSALS_ENV = "TRAINFIT_REFUSALS"
+"""Set by :func:`launch` for its workers: the directory where a worker that refuses the job writes its one
+line (``rank-N.txt``) instead of printing it, so the launcher prints it once."""
+
+
+def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0, refusals: str | Path | None = None) -> None:
     """Run ``python -m trainfit <child_argv>`` in ``nproc`` processes through torch.distributed.run.
+
+    ``refusals``: a directory the workers write their refusals to (:func:`relay_refusal`); once one is there,
+    torch's launcher logs nothing more (its line per failed worker): the caller prints the refusal, once. Its
+    OMP_NUM_THREADS banner is not printed (the variable is set here, as it would set it).
 
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed
             (after ``max_restarts`` restarts of the whole group).
     """
+    import logging
+
     from torch.distributed.run import parse_args, run
 
     bind_gloo_to_loopback()  # inherited by the workers
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torch's launcher sets for several workers, unannounced
+    if refusals is not None:
+        os.environ[REFUSALS_ENV] = str(refusals)
     args = parse_args(["--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
                        "--no-python", sys.executable, "-m", "trainfit", *child_argv])
-    run(args)
+    quiet = _QuietAfterRefusal(refusals)
+    handlers = [h for name in ("torch", "torch.distributed") for h in logging.getLogger(name).handlers]
+    for h in handlers:  # a crash or a restart is still logged as torch logs it
+        h.addFilter(quiet)
+    try:
+        run(args)
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+        os.environ.pop(REFUSALS_ENV, None)
+
+
+class _QuietAfterRefusal:
+    """A logging filter: nothing from torch's launcher once a worker has relayed a refusal."""
+
+    def __init__(self, refusals: str | Path | None) -> None:
+        self.refusals = refusals
+
+    def filter(self, record) -> bool:
+        return not (self.refusals and any(Path(self.refusals).glob("rank-*.txt")))
+
+
+REFUSAL_GRACE_S = 15.0
+"""How long a worker that refused waits for its peers to refuse too before it exits: the same job is refused
+by every rank, a second apart; a rank that left first would break a peer still joining the process group
+(a traceback and gloo's own log lines on stderr)."""
+
+
+def relay_refusal(rank: int, world_size: int, message: str) -> bool:
+    """In a worker :func:`launch` started: write this rank's refusal for the launcher to print, wait (at most
+    :data:`REFUSAL_GRACE_S`) until every rank has, and say so (False when not launched that way: the caller
+    prints it)."""
+    where = os.environ.get(REFUSALS_ENV)
+    if not where or not Path(where).is_dir():
+        return False
+    Path(where, f"rank-{rank}.txt").write_text(message)
+    deadline = time.monotonic() + REFUSAL_GRACE_S
+    while len(list(Path(where).glob("rank-*.txt"))) < world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+def relayed_refusal(refusals: str | Path) -> str:
+    """The refusal the lowest rank wrote into ``refusals`` ("" when none refused)."""
+    found = sorted(Path(refusals).glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
+    return found[0].read_text() if found else ""
 
 
 def join_if_launched(*, timeout_s: float = pg.DEFAULT_TIMEOUT_S) -> pg.World | None:
@@ -139,7 +199,6 @@ def spawn_local(fn, root: str | Path, *args, world_size: int = 2, timeout_s: flo
     ``timeout_s`` are killed. Used by ``plan --calibrate`` on several CPU devices, the benchmarks
     and the distributed tests."""
     import multiprocessing
-    import time
 
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_spawned, args=(fn, r, world_size, str(root), collective_timeout_s, args))

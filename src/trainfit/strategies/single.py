@@ -13,6 +13,9 @@ from trainfit.strategies.base import Checkpointed
 from trainfit.strategies.dist_checkpoint import resume
 from trainfit.vocabulary import StrategyName
 
+_NO_SYNC = contextlib.nullcontext()
+"""Nothing to defer on one process (a ``nullcontext`` is re-enterable)."""
+
 
 class Single:
     """One process, one device: every collective is a no-op."""
@@ -28,7 +31,7 @@ class Single:
         return model.to(self.device)
 
     def sync_context(self, model: nn.Module, is_last: bool) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+        return _NO_SYNC  # entered once per micro-batch: one shared no-op, not a new one each time
 
     def all_reduce_sum(self, t: torch.Tensor) -> None:
         pass

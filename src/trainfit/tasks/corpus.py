@@ -5,20 +5,23 @@ What a path means:
 * a file: read by its extension (:data:`TEXT_SUFFIXES` -> one document per file; ``.jsonl`` -> one per line;
   ``.parquet`` / ``.csv`` -> one per row). Another extension is refused, listing the formats.
 * a directory: every file under it, recursively, in sorted path order; hidden files and directories and
-  ``__pycache__`` are skipped, and files of other extensions are skipped and counted.
+  ``__pycache__`` are skipped, and files of other extensions are skipped and counted. The files of a
+  ``trainfit prepare`` directory inside it (one holding prepared.json and tokens.bin) are never documents.
 * a glob (``*``, ``?``, ``[``; ``**`` recursive): the files it matches, sorted, read like a directory's.
 
 Text must be UTF-8. ``text_errors="strict"`` refuses the first invalid byte naming the file and its byte
-offset; ``"replace"`` decodes it as U+FFFD. Parquet and CSV are read with pyarrow, one column in record
-batches (``datasets`` is built on the same pyarrow read and adds a cache directory, fingerprinting and many
-dependencies for what is one columnar read here).
+offset; ``"replace"`` decodes it as U+FFFD. A UTF-8 byte order mark starting a file is dropped. Parquet and
+CSV are read with pyarrow, one column in record batches (``datasets`` is built on the same pyarrow read and adds
+a cache directory, fingerprinting and many dependencies for what is one columnar read here).
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,12 @@ FORMATS = "text files (" + " ".join(TEXT_SUFFIXES) + "), .jsonl, .parquet, .csv,
           "or a `trainfit prepare` directory"
 BATCH_ROWS = 4096
 """Rows per pyarrow record batch (bounded memory on a large table)."""
+READ_BYTES = 1 << 18
+"""Bytes of a text file read and decoded at a time by :func:`read_pieces` (256 KiB)."""
+BOM = "\ufeff"
+"""A UTF-8 byte order mark at the start of a file is not text: it is dropped (pyarrow's CSV reader does the same)."""
+PREPARED_FILES = ("prepared.json", "tokens.bin")
+"""A directory holding both is a `trainfit prepare` output: its files are never read as documents."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +72,29 @@ def _visible(rel: Path) -> bool:
     return not any(p.startswith(".") or p == "__pycache__" for p in rel.parts)
 
 
+def _prepared_dir(directory: Path, seen: dict[Path, bool]) -> bool:
+    if directory not in seen:
+        seen[directory] = all((directory / n).is_file() for n in PREPARED_FILES)
+    return seen[directory]
+
+
+def _not_prepared(paths: list[Path]) -> list[Path]:
+    """``paths`` less the files of prepared directories (prepared.json is a .json text file otherwise)."""
+    seen: dict[Path, bool] = {}
+    return [p for p in paths if not _prepared_dir(p.parent, seen)]
+
+
+def _not_a_file(spec: str, path: Path, field: str) -> ConfigError:
+    """What is at ``path`` when it is neither a regular file nor a directory."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ConfigError(field, spec, "an existing file, directory or glob", f"nothing exists at {spec}")
+    what = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    return ConfigError(field, spec, "a regular file, a directory or a glob", f"{spec} is {what}, not a regular file")
+
+
 def _glob_start(spec: str) -> int:
     """Index of the first path component holding a glob character."""
     parts = Path(os.path.expanduser(spec)).parts
@@ -88,21 +120,39 @@ def find_sources(spec: str, *, field: str = "data") -> Sources:
     if any(c in spec for c in "*?["):
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
         root = Path(*Path(os.path.expanduser(spec)).parts[:_glob_start(spec)] or ".")
-        candidates = [p for p in found if p.is_file() and _visible(_below(p, root))]
+        candidates = _not_prepared([p for p in found if p.is_file() and _visible(_below(p, root))])
         if not candidates:
             raise ConfigError(field, spec, "a glob matching at least one file")
     elif path.is_dir():
-        candidates = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p.relative_to(path)))
+        found = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p.relative_to(path)))
+        candidates = _not_prepared(found)
     elif path.is_file():
         if _kind(path) is None:
             raise ConfigError(field, spec, FORMATS, f"{path.suffix or 'no extension'} is none of them")
         candidates = [path]
     else:
-        raise ConfigError(field, spec, "an existing file, directory or glob", f"nothing exists at {spec}")
+        raise _not_a_file(spec, path, field)
     files = tuple(Source(path=str(p), size_bytes=p.stat().st_size, kind=_kind(p)) for p in candidates if _kind(p))
     if not files:
         raise ConfigError(field, spec, FORMATS, f"none of its {len(candidates)} file(s) has one of these extensions")
     return Sources(files=files, skipped_files=len(candidates) - len(files))
+
+
+def reads_under(spec: str, directory: Path) -> bool:
+    """True when the path or glob ``spec`` could read a file written under ``directory`` (a directory inside a
+    --data directory; under a glob's fixed part, at a depth the glob reaches)."""
+    d = Path(directory).expanduser().resolve()
+    if any(c in spec for c in "*?["):
+        parts = Path(os.path.expanduser(spec)).parts
+        start = _glob_start(spec)
+        root, rest = Path(*parts[:start] or ".").resolve(), parts[start:]
+        try:
+            depth = len(d.relative_to(root).parts)
+        except ValueError:
+            return False
+        return "**" in rest or len(rest) > depth
+    p = Path(spec).expanduser().resolve()
+    return p.is_dir() and (d == p or p in d.parents)
 
 
 def decode(data: bytes, *, where: str, errors: str, base_offset: int = 0, field: str = "data") -> str:
@@ -120,6 +170,8 @@ def _jsonl(src: Source, text_field: str, errors: str, field: str) -> Iterator[st
     with open(src.path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             start, offset = offset, offset + len(raw)
+            if lineno == 1 and raw.startswith(BOM.encode()):
+                raw, start = raw[3:], 3
             line = decode(raw, where=f"{src.path}:{lineno}", errors=errors, base_offset=start, field=field)
             if not line.strip():
                 continue
@@ -184,12 +236,56 @@ def _table(src: Source, text_field: str, field: str) -> Iterator[str]:
                           f"after row {row}: {str(e).splitlines()[0][:160]}") from None
 
 
+def _text_chunks(src: Source, errors: str, field: str, size: int) -> Iterator[str]:
+    """A text file decoded ``size`` bytes at a time (a character split across reads is completed by the next);
+    a leading byte order mark dropped."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict" if errors == "strict" else "replace")
+    offset, first = 0, True
+    with open(src.path, "rb") as f:
+        while True:
+            raw = f.read(size)
+            pending = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise ConfigError(field, src.path, "UTF-8 text",
+                                  f"byte offset {offset - pending + e.start} is not UTF-8; pass --text-errors replace "
+                                  "to read such bytes as U+FFFD") from None
+            offset += len(raw)
+            if first and text.startswith(BOM):
+                text = text[1:]
+            first = first and not text
+            if text or not raw:
+                yield text
+            if not raw:
+                return
+
+
+def read_pieces(sources: Sources, *, text_field: str = "text", text_errors: str = "strict", field: str = "data",
+                read_bytes: int = READ_BYTES) -> Iterator[tuple[str, bool]]:
+    """Every document's text, in order, as ``(piece, ends_document)``: a text file in pieces of at most
+    ``read_bytes`` bytes (its last piece may be ""), a JSON Lines line or a table row as one piece."""
+    for src in sources.files:
+        if src.kind == "text":
+            chunks = _text_chunks(src, text_errors, field, read_bytes)
+            piece = next(chunks)
+            for following in chunks:
+                yield piece, False
+                piece = following
+            yield piece, True
+        else:
+            rows = _jsonl(src, text_field, text_errors, field) if src.kind == "jsonl" else \
+                _table(src, text_field, field)
+            yield from ((text, True) for text in rows)
+
+
 def read_documents(sources: Sources, *, text_field: str = "text", text_errors: str = "strict",
                    field: str = "data") -> Iterator[str]:
     """Every document's text, in order: one file at a time (a text file is read whole: it is one document)."""
     for src in sources.files:
         if src.kind == "text":
-            yield decode(Path(src.path).read_bytes(), where=src.path, errors=text_errors, field=field)
+            text = decode(Path(src.path).read_bytes(), where=src.path, errors=text_errors, field=field)
+            yield text[1:] if text.startswith(BOM) else text
         elif src.kind == "jsonl":
             yield from _jsonl(src, text_field, text_errors, field)
         else:

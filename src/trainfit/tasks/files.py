@@ -168,7 +168,7 @@ def _read(path: str, spec: DataSpec, tokenizer: TextTokenizer | None, *, field_n
     if is_prepared(path):
         store, side = open_prepared(Path(path), field_name)
         return _Docs(name=path, tokenizer=None, store=store, skipped=side.get("skipped_documents", 0), side=side)
-    tok = tokenizer or load_tokenizer(spec.tokenizer)
+    tok = tokenizer or load_tokenizer(spec.tokenizer or BYTE)
     sources = find_sources(path, field=field_name)
     texts = read_documents(sources, text_field=spec.text_field, text_errors=spec.text_errors, field=field_name)
     if not spec.packing:  # on the fly: keep the texts; only an empty one is known to give no label
@@ -190,11 +190,12 @@ def _read(path: str, spec: DataSpec, tokenizer: TextTokenizer | None, *, field_n
 
 
 def _prepared_tokenizer(spec: DataSpec, side: dict[str, Any], path: str) -> tuple[str, int, int, str]:
-    """(name, vocab_size, eod_id, sha256) of a prepared directory's tokenizer; an explicit --tokenizer DIR that is
-    another tokenizer is refused (the ids on disk are the sidecar's)."""
+    """(name, vocab_size, eod_id, sha256) of a prepared directory's tokenizer; a given tokenizer (``byte`` too)
+    that is another tokenizer is refused (the ids on disk are the sidecar's). The sidecar's own name (what
+    config.toml records) is not reloaded: its sha256 is the sidecar's."""
     tok = side["tokenizer"]
     name, sha = str(tok.get("name", BYTE)), str(tok.get("sha256", ""))
-    if spec.tokenizer != BYTE:
+    if spec.tokenizer and spec.tokenizer != name:
         given = load_tokenizer(spec.tokenizer)
         if given.sha256 != sha:
             raise ConfigError("tokenizer", spec.tokenizer, f"the tokenizer {path} was prepared with ({name})",

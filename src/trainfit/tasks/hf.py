@@ -39,7 +39,7 @@ from trainfit.presets import check_kv_heads
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
 from trainfit.tasks.files import load_text_data
-from trainfit.tasks.spec import DataSpec, check_model_fits
+from trainfit.tasks.spec import DataSpec, check_model_fits, model_dir
 from trainfit.tasks.synthetic import IGNORE_INDEX, TokenRules, check_token_rules, collate_tokens
 
 HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration", "ForSequenceClassification",
@@ -141,9 +141,11 @@ def _key_named(message: str, values: dict[str, Any], config_class) -> str | None
     return None
 
 
-def _transformers_error(e: Exception, values: dict[str, Any], config_class, what: str) -> ConfigError:
+def _transformers_error(e: Exception, values: dict[str, Any], config_class, what: str, spec: str = "") -> ConfigError:
     message = _one_line(e)
     key = _key_named(message, values, config_class)
+    if key is None and not values and spec:  # no --model-config was given: the model itself is the cause
+        return ConfigError("model", spec, f"a model {what} accepts", f"transformers: {message}")
     if key is None:
         text = ",".join(f"{k}={v}" for k, v in values.items())
         return ConfigError("model_config", text if len(text) <= 120 else text[:117] + "...",
@@ -209,9 +211,7 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 def pretrained_dir(spec: str) -> Path | None:
     """The directory an ``hf:`` spec names (it holds a path separator or names an existing directory), or
     None for a class name. Absolute, so a LoRA export can name its base model from anywhere."""
-    if "/" in spec or "\\" in spec or spec.startswith(".") or Path(spec).is_dir():
-        return Path(spec).expanduser().resolve()
-    return None
+    return model_dir(f"hf:{spec}")  # the same rule that finds the model's own tokenizer (tasks.spec)
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -296,13 +296,22 @@ def _load_pretrained(cls, directory: Path, config) -> nn.Module:
     """The model saved in ``directory`` with its weights, in fp32 (the precision lever casts later).
     Deterministic: every weight comes from the file (a missing one is refused, not initialised)."""
     with quiet_progress():
-        model, info = cls.from_pretrained(str(directory), config=config, dtype=torch.float32,
-                                          local_files_only=True, output_loading_info=True)
+        model, info = cls.from_pretrained(str(directory), config=config, dtype=torch.float32, local_files_only=True,
+                                          output_loading_info=True, ignore_mismatched_sizes=True)  # named below
     missing = [k for k in info.get("missing_keys", ()) if k]
-    if missing or info.get("mismatched_keys"):
-        what = f"lacks {missing[0]}" if missing else f"has a wrong shape for {info['mismatched_keys'][0][0]}"
+    mismatched = [m for m in info.get("mismatched_keys", ()) if m]
+    extra = [k for k in info.get("unexpected_keys", ()) if k]  # a tensor the model has no place for: not dropped
+    if missing or mismatched or extra:
+        if missing:
+            what, n = f"lack {missing[0]}", len(missing)
+        elif mismatched:
+            key, *shapes = mismatched[0]
+            found = f" ({' in the file, '.join(str(tuple(s)) for s in shapes[:2])} here)" if len(shapes) >= 2 else ""
+            what, n = f"have a wrong shape for {key}{found}", len(mismatched)
+        else:
+            what, n = f"hold {', '.join(extra[:3])}, which {cls.__name__} has not", len(extra)
         raise ConfigError("model", f"hf:{directory}", "weights matching config.json",
-                          f"{directory}'s weights {what} ({len(missing) or len(info['mismatched_keys'])} in all)")
+                          f"{directory}'s weights {what} ({n} in all)")
     return model
 
 
@@ -387,14 +396,17 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     def build() -> nn.Module:
         torch.manual_seed(seed)
         try:
-            if pretrained is not None and detect_fake_mode() is None:
+            if pretrained is not None and detect_fake_mode() is None and torch.get_default_device().type != "meta":
                 model = _load_pretrained(cls, pretrained, config)
-            else:  # under fake tensors (the memory estimate) only shapes matter: the config builds them
+            else:  # fake tensors or the meta device (estimate, plan): only shapes matter, the config builds them
                 model = cls(config)
         except Exception as e:  # a config transformers accepts but its model cannot be built from
             if _is_resource_error(e):
                 raise
-            raise _transformers_error(e, given, cls.config_class, arch) from None
+            if pretrained is not None:  # no --model-config here: DIR's config.json and weights are the cause
+                raise ConfigError("model", f"hf:{pretrained}", f"a config.json and weights {arch} loads",
+                                  f"transformers: {_one_line(e, 200)}") from None
+            raise _transformers_error(e, given, cls.config_class, arch, f"hf:{arch}") from None
         model.train()
         task.block_classes = _block_classes(model)
         return model
@@ -405,7 +417,7 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     if pretrained is None:
         task.depth_key, task.depth = _depth_keys(config)
     _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab, data)
-    task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch)
+    task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch, f"hf:{pretrained or arch}")
     return task
 
 
@@ -429,7 +441,7 @@ def _depth_keys(config) -> tuple[str, int]:
     return "", 0
 
 
-def _first_forward_checked(loss, given: dict[str, Any], config_class, arch: str):
+def _first_forward_checked(loss, given: dict[str, Any], config_class, arch: str, spec: str = ""):
     """``loss`` that, until one call has succeeded, reports an error of the forward pass as the config's
     (a shape transformers checks nowhere earlier) in one line. Later errors, out-of-memory, and counting
     on the meta device (FLOP counting falls back to CPU on its errors) pass through unchanged."""
@@ -444,7 +456,7 @@ def _first_forward_checked(loss, given: dict[str, Any], config_class, arch: str)
         except Exception as e:
             if _is_resource_error(e) or _on_meta(m, b):
                 raise
-            raise _transformers_error(e, given, config_class, f"{arch}'s forward pass") from None
+            raise _transformers_error(e, given, config_class, f"{arch}'s forward pass", spec) from None
         ok = True
         return out
 

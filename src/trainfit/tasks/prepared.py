@@ -8,23 +8,27 @@ A prepared directory holds three files:
 * ``documents.bin``: little-endian ``uint64`` start offsets of the documents in ``tokens.bin``, n_documents + 1
   (the last is n_tokens).
 * ``prepared.json``: the sidecar -- format and version, tokenizer (``byte`` or its directory and the sha256 of
-  its tokenizer.json), vocab_size, eod_id, dtype, n_tokens, n_documents, skipped documents, byte size and
-  sha256 of both files, the sources read (paths and sizes) and the text field.
+  its tokenizer.json), vocab_size, eod_id, dtype, n_tokens, n_documents, skipped documents, max_id (the largest
+  id in tokens.bin), byte size and sha256 of both files, the sources read (paths and sizes) and the text field.
 
-Writing streams (a batch of documents at a time, appended to the files), is deterministic (same inputs ->
-byte-identical files: no time stamps, sorted keys) and atomic: everything goes to ``DIR.tmp-<pid>`` first and
-is renamed into place at the end, so a failed or killed prepare leaves no ``DIR``. Reading verifies the sidecar,
-both sizes and both checksums before a row is served.
+Writing streams in bounded memory whatever the document sizes: units of at most :data:`UNIT_CHARS` characters
+(a long document is cut where its tokenizer gives the same ids apart as together), one per CPU per call, their ids
+appended in the file's dtype as they come. It is deterministic (same inputs -> byte-identical files: no time
+stamps, sorted keys) and atomic: everything goes to ``DIR.tmp-<pid>`` first and is renamed into place at the end,
+so a failed or interrupted prepare leaves no ``DIR`` (and a killed one's ``DIR.tmp-<pid>`` is removed by the next,
+:func:`clean_stale`). Reading checks every sidecar field against the others, the tokenizer and the files (sizes,
+checksums, the largest id, every document's EOD) before a row is served (:func:`open_prepared`).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,18 +38,32 @@ from tqdm import tqdm
 
 from trainfit.errors import ConfigError
 from trainfit.tasks.corpus import Sources
-from trainfit.tasks.tokenizer import TextTokenizer
+from trainfit.tasks.tokenizer import BYTE, TextTokenizer, load_tokenizer, sha256_file
 
 FORMAT = "trainfit-tokens"
-VERSION = 1
+VERSION = 2
+"""2: the sidecar holds max_id (version 1 directories are refused: re-run trainfit prepare)."""
 SIDECAR, TOKENS, DOCUMENTS = "prepared.json", "tokens.bin", "documents.bin"
 KEYS = ("format", "version", "tokenizer", "vocab_size", "eod_id", "dtype", "n_tokens", "n_documents",
-        "skipped_documents", "files", "sources", "text_field")
+        "skipped_documents", "max_id", "files", "sources", "text_field")
 """Keys every sidecar holds."""
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 OFFSET_DTYPE = np.dtype("<u8")
 BATCH_DOCS = 256
-"""Documents tokenized and appended per write (bounds the memory of a prepare)."""
+"""Most units (documents or parts of one) tokenized per call (:func:`tokenize_documents`: documents per call)."""
+UNIT_CHARS = 1 << 15
+"""Characters tokenized per call at most, whatever the documents' sizes (32 Ki: a BPE call stays well under a
+second, so Ctrl-C is answered within one); a longer document is tokenized in parts cut by :func:`_cut`."""
+BATCH_CHARS = UNIT_CHARS * (os.cpu_count() or 1)
+"""Characters per batch: one unit per CPU, which a Hugging Face tokenizer encodes on its threads side by side."""
+CUT_WINDOW = 128
+"""Characters either side of a cut that must encode apart as together (Hugging Face tokenizers)."""
+CUT_TRIES = 16
+"""Newlines, then spaces, tried as cuts per unit before looking further."""
+OFFSETS_PER_WRITE = 1 << 16
+"""Document end offsets buffered per write of documents.bin."""
+READ_CHUNK = 1 << 20
+"""Bytes hashed (and scanned for the largest id) per read when checking a prepared directory."""
 MIN_DOC_TOKENS = 2
 """A document (its tokens + end-of-document) shorter than this gives no label and is skipped."""
 
@@ -130,40 +148,177 @@ class _HashedFile:
         self.n += len(data)
 
 
-def write_prepared(out: Path, *, texts: Iterable[str], tokenizer: TextTokenizer, sources: Sources, text_field: str,
-                   data: str, progress: bool = False) -> dict[str, Any]:
-    """Tokenize ``texts`` into ``out`` (a new or empty directory, or one the caller was told to overwrite).
+def _alike(backend: Any, text: str, i: int) -> bool:
+    """True when ``text`` cut at ``i`` encodes as the two sides' encodings joined, over a window of
+    :data:`CUT_WINDOW` characters either side (the pre-tokenizer and merges are local)."""
+    a, b = text[max(0, i - CUT_WINDOW):i], text[i:i + CUT_WINDOW]
+    ids = lambda t: backend.encode(t, add_special_tokens=False).ids  # noqa: E731
+    return ids(a + b) == ids(a) + ids(b)
+
+
+def _cut(tokenizer: TextTokenizer, text: str, start: int, end: int) -> int:
+    """The latest index in (start, end] where ``text`` tokenizes apart as together; 0 when none is found. Bytes
+    cut anywhere; a Hugging Face tokenizer is cut after a newline or at a space, tried against the tokenizer."""
+    if tokenizer.backend is None:
+        return end
+    for sep, after in (("\n", 1), (" ", 0)):
+        i = end
+        for _ in range(CUT_TRIES):
+            i = text.rfind(sep, start + 1, i)
+            if i < 0:
+                break
+            if start < i + after <= end and _alike(tokenizer.backend, text, i + after):
+                return i + after
+    return 0
+
+
+def _units(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer) -> Iterator[tuple[str, bool]]:
+    """``(text, ends_document)`` of at most about :data:`UNIT_CHARS` characters each, cut where tokenizing them
+    apart gives the same ids as the whole document (a text with no such cut is held until one comes or the
+    document ends)."""
+    ahead = 0 if tokenizer.backend is None else CUT_WINDOW  # a cut needs the text after it
+    carry, end = "", UNIT_CHARS
+    for text, last in pieces:
+        buf, carry, start = carry + text if carry else text, "", 0
+        while end <= len(buf) - ahead * (not last) and len(buf) - start > UNIT_CHARS:
+            cut = _cut(tokenizer, buf, start, end)
+            if cut:
+                yield buf[start:cut], False
+                start, end = cut, cut + UNIT_CHARS
+            else:
+                end += UNIT_CHARS  # no cut here: look further (a longer unit)
+        if last:
+            yield buf[start:], True
+            end = UNIT_CHARS
+        else:
+            carry, end = buf[start:], max(end - start, UNIT_CHARS)  # resume the search where it stopped
+
+
+def _encode(texts: list[str], tokenizer: TextTokenizer, dtype: np.dtype) -> list[np.ndarray]:
+    """Each text's ids in ``dtype`` (no int64 copy); an id outside the vocabulary is refused."""
+    if tokenizer.backend is None:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(dtype) for t in texts]
+    out = []
+    for e in tokenizer.backend.encode_batch(texts, add_special_tokens=False):
+        top = max(e.ids, default=-1)  # before the cast: numpy < 2 wraps an id too large for the dtype
+        if top >= tokenizer.vocab_size:
+            raise ConfigError("tokenizer", tokenizer.name, f"a tokenizer whose ids are below its vocabulary size "
+                              f"({tokenizer.vocab_size:,})", f"it produced id {top:,}")
+        out.append(np.array(e.ids, dtype=dtype))
+    return out
+
+
+def stream_ids(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer, dtype: np.dtype
+               ) -> Iterator[tuple[np.ndarray, bool]]:
+    """``(ids, ends_document)`` of the ``(text, ends_document)`` pieces, in ``dtype``, a bounded batch of units at
+    a time (:data:`BATCH_CHARS` characters or :data:`BATCH_DOCS` units); the end-of-document id is not added."""
+    batch: list[tuple[str, bool]] = []
+    chars = 0
+    for unit in _units(pieces, tokenizer):
+        batch.append(unit)
+        chars += len(unit[0])
+        if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+            yield from zip(_encode([t for t, _ in batch], tokenizer, dtype), (e for _, e in batch))
+            batch, chars = [], 0
+    if batch:
+        yield from zip(_encode([t for t, _ in batch], tokenizer, dtype), (e for _, e in batch))
+
+
+@dataclass
+class _Written:
+    """What :func:`_write_tokens` wrote."""
+
+    n_tokens: int = 0
+    n_documents: int = 0
+    skipped: int = 0
+    max_id: int = 0
+
+
+def _write_tokens(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer, tokens: _HashedFile,
+                  docs: _HashedFile, bar: tqdm) -> _Written:
+    """Append each document's ids + EOD to ``tokens`` and its end offset to ``docs`` as they are produced."""
+    dtype = DTYPES[token_dtype(tokenizer.vocab_size)]
+    w, in_doc, ends = _Written(), 0, [0]
+    eod = np.array([tokenizer.eod_id], dtype=dtype)
+    for ids, last in stream_ids(pieces, tokenizer, dtype):
+        for part in (ids, eod) if last and in_doc + len(ids) + 1 >= MIN_DOC_TOKENS else (ids,):
+            if len(part):
+                tokens.write(part.tobytes())
+                w.max_id = max(w.max_id, int(part.max()))
+        in_doc += len(ids)
+        bar.update(len(ids))
+        if last:
+            if in_doc + 1 >= MIN_DOC_TOKENS:
+                w.n_tokens, w.n_documents = w.n_tokens + in_doc + 1, w.n_documents + 1
+                ends.append(w.n_tokens)
+            else:
+                w.skipped += 1
+            in_doc = 0
+        if len(ends) >= OFFSETS_PER_WRITE:
+            docs.write(np.array(ends, OFFSET_DTYPE).tobytes())
+            ends = []
+    docs.write(np.array(ends, OFFSET_DTYPE).tobytes())
+    return w
+
+
+def clean_stale(out: Path) -> list[str]:
+    """Remove ``OUT.tmp-<pid>`` directories a prepare left when it was killed (its pid no longer runs).
+
+    Returns:
+        The names removed (one left by a process still running, or another user's, is left alone).
+    """
+    removed = []
+    for tmp in sorted(out.parent.glob(f"{glob.escape(out.name)}.tmp-*")):
+        pid = tmp.name.rpartition(".tmp-")[2]
+        if not (pid.isdigit() and tmp.is_dir() and not tmp.is_symlink()) or _running(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.exists():
+            removed.append(tmp.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or not ours to judge)
+    return True
+
+
+def write_prepared(out: Path, *, pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer, sources: Sources,
+                   text_field: str, data: str, progress: bool = False) -> dict[str, Any]:
+    """Tokenize the documents of ``pieces`` (:func:`trainfit.tasks.corpus.read_pieces`) into ``out`` (a new or
+    empty directory, or one the caller was told to overwrite), in bounded memory: a unit of
+    :data:`UNIT_CHARS` characters at a time, ids written in the file's dtype as they are produced.
 
     Returns:
         The sidecar written.
     Raises:
-        ConfigError: naming ``data`` when no document gives a label (nothing is left behind).
+        ConfigError: naming ``data`` when no document gives a label (nothing is left behind). On any exception,
+            Ctrl-C included, ``OUT.tmp-<pid>`` is removed.
     """
     tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    dtype = DTYPES[token_dtype(tokenizer.vocab_size)]
     try:
+        tmp.mkdir(parents=True)
         tokens, docs = _HashedFile(tmp / TOKENS), _HashedFile(tmp / DOCUMENTS)
-        with tokens.f, docs.f:
-            n_tokens, n_docs, skipped = 0, 0, 0
-            docs.write(np.zeros(1, OFFSET_DTYPE).tobytes())
-            for ids, _ in tokenize_documents(texts, tokenizer, progress=progress, desc="prepare"):
-                if ids is None:
-                    skipped += 1
-                    continue
-                tokens.write(ids.astype(dtype).tobytes())
-                n_tokens, n_docs = n_tokens + len(ids), n_docs + 1
-                docs.write(np.array([n_tokens], OFFSET_DTYPE).tobytes())
-        if n_docs == 0:
+        bar = tqdm(unit="tok", unit_scale=True, desc="prepare", file=sys.stderr, disable=not progress,
+                   dynamic_ncols=True)
+        with tokens.f, docs.f, bar:
+            w = _write_tokens(pieces, tokenizer, tokens, docs, bar)
+        if w.n_documents == 0:
             raise ConfigError("data", data, "data holding at least one non-empty document",
-                              f"all {skipped} document(s) are empty")
+                              f"all {w.skipped} document(s) are empty")
         sidecar = {
             "format": FORMAT, "version": VERSION,
             "tokenizer": {"name": tokenizer.name if not tokenizer.sha256 else str(Path(tokenizer.name).resolve()),
                           "sha256": tokenizer.sha256},  # a directory as an absolute path: train runs from anywhere
             "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id, "dtype": token_dtype(tokenizer.vocab_size),
-            "n_tokens": n_tokens, "n_documents": n_docs, "skipped_documents": skipped,
+            "n_tokens": w.n_tokens, "n_documents": w.n_documents, "skipped_documents": w.skipped,
+            "max_id": w.max_id,
             "files": {TOKENS: {"bytes": tokens.n, "sha256": tokens.h.hexdigest()},
                       DOCUMENTS: {"bytes": docs.n, "sha256": docs.h.hexdigest()}},
             "sources": [{"path": s.path, "size_bytes": s.size_bytes} for s in sources.files],
@@ -195,7 +350,8 @@ def _bad(field: str, directory: Path, what: str) -> ConfigError:
 
 
 def read_sidecar(directory: Path, field: str = "data") -> dict[str, Any]:
-    """The sidecar of ``directory``, its keys and values checked (not yet the files)."""
+    """The sidecar of ``directory``, its keys, their types and how they bound each other checked (not yet the
+    files nor the tokenizer)."""
     path = directory / SIDECAR
     try:
         side = json.loads(path.read_text(encoding="utf-8"))
@@ -208,34 +364,127 @@ def read_sidecar(directory: Path, field: str = "data") -> dict[str, Any]:
         raise _bad(field, directory, f"{path} lacks {', '.join(missing)}")
     if side["version"] != VERSION:
         raise _bad(field, directory, f"{path} is format version {side['version']!r}; this trainfit reads {VERSION}")
-    ints = ("vocab_size", "eod_id", "n_tokens", "n_documents")
-    if side["dtype"] not in DTYPES or not all(isinstance(side[k], int) and side[k] >= 0 for k in ints) or \
-            not isinstance(side["files"], dict) or not isinstance(side["tokenizer"], dict):
-        raise _bad(field, directory, f"{path} holds a value of the wrong type")
+    for key, ok in _TYPES.items():
+        if not ok(side[key]):
+            raise _bad(field, directory, f"{path}: {key}={_short(side[key])} is not {_TYPE_NAMES[key]}")
+    for key, why in _relations(side):
+        raise _bad(field, directory, f"{path}: {key}={_short(side[key])} {why}")
     return side
 
 
-def open_prepared(directory: Path, field: str = "data") -> tuple[TokenStore, dict[str, Any]]:
-    """A prepared directory's documents, after checking the sidecar, both file sizes and both sha256 checksums.
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
-    Raises:
-        ConfigError: naming ``field`` and the file that does not match ("re-run trainfit prepare").
-    """
-    side = read_sidecar(directory, field)
-    sizes = {TOKENS: side["n_tokens"] * DTYPES[side["dtype"]].itemsize, DOCUMENTS: (side["n_documents"] + 1) * 8}
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+_TYPES = {"vocab_size": _count, "eod_id": _count, "n_tokens": _count, "n_documents": _count,
+          "skipped_documents": _count, "max_id": _count, "dtype": lambda v: v in DTYPES,
+          "files": lambda v: isinstance(v, dict), "sources": lambda v: isinstance(v, list),
+          "text_field": lambda v: isinstance(v, str),
+          "tokenizer": lambda v: isinstance(v, dict) and isinstance(v.get("name"), str)
+          and isinstance(v.get("sha256"), str)}
+_TYPE_NAMES = {**{k: "an integer >= 0" for k in ("vocab_size", "eod_id", "n_tokens", "n_documents",
+                                                  "skipped_documents", "max_id")},
+               "dtype": "one of " + ", ".join(DTYPES), "files": "an object", "sources": "a list",
+               "text_field": "a string", "tokenizer": "an object with a name and a sha256"}
+
+
+def _relations(side: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(key, why) for each sidecar value its siblings contradict (the first is reported)."""
+    vocab = side["vocab_size"]
+    if side["eod_id"] >= vocab:
+        yield "eod_id", f"is outside the vocabulary (vocab_size={vocab:,})"
+    if side["max_id"] >= vocab:
+        yield "max_id", f"is outside the vocabulary (vocab_size={vocab:,})"
+    if side["max_id"] < side["eod_id"]:
+        yield "max_id", f"is below eod_id={side['eod_id']:,} (every document ends with it)"
+    if side["dtype"] != token_dtype(vocab):
+        yield "dtype", f"does not match vocab_size={vocab:,} (which is stored as {token_dtype(vocab)})"
+    if side["n_documents"] < 1:
+        yield "n_documents", "is not at least 1"
+    if side["n_tokens"] < MIN_DOC_TOKENS * side["n_documents"]:
+        yield "n_tokens", f"is below {MIN_DOC_TOKENS} per document (n_documents={side['n_documents']:,})"
+
+
+def _check_tokenizer(side: dict[str, Any], directory: Path, field: str, given: TextTokenizer | None) -> None:
+    """vocab_size and eod_id against the tokenizer the sidecar names (``given`` when it is that tokenizer)."""
+    name, sha = side["tokenizer"]["name"], side["tokenizer"]["sha256"]
+    if name == BYTE or not sha:
+        if (name, sha) != (BYTE, ""):
+            raise _bad(field, directory, f"{directory / SIDECAR}: tokenizer={_short(side['tokenizer'])} names no "
+                                         "tokenizer (byte has no sha256, a directory has one)")
+        tok = load_tokenizer(BYTE)
+    elif given is not None and given.sha256 == sha:
+        tok = given
+    else:
+        path = Path(name) / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError("tokenizer", name, f"the tokenizer {directory} was prepared with",
+                              f"{path} is missing (moved or deleted); put it back or re-run trainfit prepare")
+        if sha256_file(path) != sha:
+            raise _bad(field, directory, f"{path}'s sha256 does not match prepared.json's tokenizer (changed "
+                                         "since prepare)")
+        tok = load_tokenizer(name)
+    for key, value in (("vocab_size", tok.vocab_size), ("eod_id", tok.eod_id)):
+        if side[key] != value:
+            raise _bad(field, directory, f"{directory / SIDECAR}: {key}={side[key]:,} but the tokenizer "
+                                         f"({tok.name}) has {key}={value:,}")
+
+
+def _scan(path: Path, dtype: np.dtype | None) -> tuple[str, int]:
+    """(sha256, largest id or -1) of ``path``, one chunked pass."""
+    h, top = hashlib.sha256(), -1
+    with open(path, "rb") as f:
+        while block := f.read(READ_CHUNK):
+            h.update(block)
+            if dtype is not None:
+                top = max(top, int(np.frombuffer(block, dtype=dtype).max()))
+    return h.hexdigest(), top
+
+
+def _check_files(side: dict[str, Any], directory: Path, field: str) -> None:
+    """Both files' sizes and sha256 against the sidecar, and tokens.bin's largest id against max_id."""
+    dtype = DTYPES[side["dtype"]]
+    sizes = {TOKENS: side["n_tokens"] * dtype.itemsize, DOCUMENTS: (side["n_documents"] + 1) * 8}
     for name, size in sizes.items():
         path, entry = directory / name, side["files"].get(name)
         if not isinstance(entry, dict) or not path.is_file():
             raise _bad(field, directory, f"{path} is missing")
         if path.stat().st_size != size or entry.get("bytes") != size:
             raise _bad(field, directory, f"{path} holds {path.stat().st_size:,} bytes, the sidecar says {size:,}")
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        if h.hexdigest() != entry.get("sha256"):
+        digest, top = _scan(path, dtype if name == TOKENS else None)
+        if digest != entry.get("sha256"):
             raise _bad(field, directory, f"{path}'s sha256 does not match prepared.json (changed since prepare)")
+        if name == TOKENS and top != side["max_id"]:
+            raise _bad(field, directory, f"{path}'s largest id is {top:,}, prepared.json's max_id={side['max_id']:,}")
+
+
+def open_prepared(directory: Path, field: str = "data", *,
+                  tokenizer: TextTokenizer | None = None) -> tuple[TokenStore, dict[str, Any]]:
+    """A prepared directory's documents, after checking every sidecar field: types and bounds (eod_id and max_id
+    inside vocab_size, dtype the one vocab_size gives, counts), vocab_size and eod_id against the tokenizer it
+    names (``tokenizer``, when given and the same by sha256, saves loading it), both file sizes and sha256
+    checksums, tokens.bin's largest id against max_id (in the hashing pass), the offsets, and that every
+    document ends with eod_id.
+
+    Raises:
+        ConfigError: naming ``field`` (or ``tokenizer``), the file or sidecar key that does not match
+            ("re-run trainfit prepare").
+    """
+    side = read_sidecar(directory, field)
+    _check_tokenizer(side, directory, field, tokenizer)
+    _check_files(side, directory, field)
     offsets = np.fromfile(directory / DOCUMENTS, dtype=OFFSET_DTYPE).astype(np.int64)
     if offsets[0] != 0 or offsets[-1] != side["n_tokens"] or np.any(np.diff(offsets) < MIN_DOC_TOKENS):
         raise _bad(field, directory, f"{directory / DOCUMENTS} holds offsets that do not describe {TOKENS}")
-    return TokenStore(offsets=offsets, path=str(directory / TOKENS), dtype=side["dtype"]), side
+    store = TokenStore(offsets=offsets, path=str(directory / TOKENS), dtype=side["dtype"])
+    ends = store.tokens[offsets[1:] - 1]
+    if np.any(ends != side["eod_id"]):
+        k = int(np.argmax(ends != side["eod_id"]))
+        raise _bad(field, directory, f"document {k:,} of {directory / TOKENS} does not end with eod_id="
+                                     f"{side['eod_id']:,}")
+    return store, side

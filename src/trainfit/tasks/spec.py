@@ -1,4 +1,5 @@
-"""What data a job reads: :class:`DataSpec`, the RunConfig's data fields checked at construction.
+"""What data a job reads: :class:`DataSpec`, the RunConfig's data fields checked at construction, and which
+tokenizer reads it (:func:`resolve_tokenizer`: the one given, else the model's own, else a prepared directory's).
 
 Pure (no torch): ``trainfit plan`` reads it to key its cache and refuse bad flags before anything is built;
 ``tasks.files`` reads the files it names.
@@ -7,10 +8,14 @@ Pure (no torch): ``trainfit plan`` reads it to key its cache and refuse bad flag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from trainfit.errors import ConfigError, check_choice, check_int
-from trainfit.tasks.tokenizer import BYTE
+from trainfit.tasks.prepared import is_prepared, read_sidecar
+from trainfit.tasks.tokenizer import BYTE, sha256_file
+
+TOKENIZER_FILE = "tokenizer.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,8 +32,9 @@ class DataSpec:
     """JSON Lines field / Parquet or CSV column holding the text."""
     text_errors: str = "strict"
     """Bytes that are not UTF-8: "strict" refuses the file, "replace" reads U+FFFD."""
-    tokenizer: str = BYTE
-    """"byte" or a directory holding tokenizer.json."""
+    tokenizer: str = ""
+    """"byte", a directory holding tokenizer.json, or "" (a prepared directory's own, else byte);
+    :meth:`from_config` puts the model's own here when the RunConfig names none."""
     packing: bool = True
     """Join documents and cut seq_len rows (True) or one padded document per row (False)."""
     seq_len: int = 64
@@ -53,7 +59,41 @@ class DataSpec:
         if not cfg.data:
             return None
         return cls(data=cfg.data, val_data=cfg.val_data, val_fraction=cfg.val_fraction, text_field=cfg.text_field,
-                   text_errors=str(cfg.text_errors), tokenizer=cfg.tokenizer, packing=cfg.packing, seq_len=cfg.seq_len)
+                   text_errors=str(cfg.text_errors), packing=cfg.packing, seq_len=cfg.seq_len,
+                   tokenizer=resolve_tokenizer(model=cfg.model, data=cfg.data, tokenizer=cfg.tokenizer))
+
+
+def model_dir(model: str) -> Path | None:
+    """The directory an ``hf:`` model spec names (``hf:DIR``: a path separator, a leading dot, or an existing
+    directory), absolute; None for a class name, a built-in or a ``module:callable``."""
+    spec = model.removeprefix("hf:")
+    if spec == model:
+        return None
+    if "/" in spec or "\\" in spec or spec.startswith(".") or Path(spec).is_dir():
+        return Path(spec).expanduser().resolve()
+    return None
+
+
+def resolve_tokenizer(*, model: str, data: str, tokenizer: str) -> str:
+    """The tokenizer a job reads ``data`` with: ``tokenizer`` when given; else the model's own (``hf:DIR`` holding
+    tokenizer.json: a pretrained model reads the ids it was trained on); else the one a prepared directory was
+    made with; else ``"byte"``.
+
+    Raises:
+        ConfigError: naming ``tokenizer``: a prepared directory made with another tokenizer than the model's own.
+    """
+    if tokenizer:
+        return tokenizer
+    side = read_sidecar(Path(data)) if data and is_prepared(data) else None
+    own = model_dir(model)
+    if own is not None and (own / TOKENIZER_FILE).is_file():
+        if side is not None and side["tokenizer"].get("sha256", "") != sha256_file(own / TOKENIZER_FILE):
+            raise ConfigError("tokenizer", str(own), f"the tokenizer {data} was prepared with "
+                              f"({side['tokenizer'].get('name', BYTE)})",
+                              f"hf:{own} reads the ids of its own {TOKENIZER_FILE}, which differs; re-run trainfit "
+                              f"prepare with --tokenizer {own}")
+        return str(own)
+    return str(side["tokenizer"].get("name", BYTE)) if side is not None else BYTE
 
 
 class TokenIds(Protocol):

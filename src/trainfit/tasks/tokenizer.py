@@ -6,7 +6,7 @@ the boundaries and the model learns where a document stops.
 * ``byte``: ids 0..255 are the document's UTF-8 bytes, 256 is EOD; vocabulary 257. Any text round-trips
   (``decode(encode(t)) == t``), and the token count of a text is its UTF-8 length (known without tokenizing).
 * ``DIR``: ``DIR/tokenizer.json`` loaded with the ``tokenizers`` library. EOD is the tokenizer's end token:
-  ``tokenizer_config.json``'s ``eos_token`` when it names one the vocabulary holds, else the first of
+  ``tokenizer_config.json``'s ``eos_token`` (refused when the vocabulary does not hold it), else the first of
   :data:`EOD_NAMES` the vocabulary holds; without one the tokenizer is refused (packing needs it).
 """
 
@@ -106,7 +106,7 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 
     Raises:
         ConfigError: naming ``tokenizer``: no such directory, no tokenizer.json, a file ``tokenizers`` cannot
-            read, or no end-of-document token.
+            read, no end-of-document token, or an ``eos_token`` its vocabulary lacks.
     """
     if spec == BYTE:
         return TextTokenizer(name=BYTE, vocab_size=BYTE_VOCAB, eod_id=BYTE_EOD)
@@ -122,7 +122,12 @@ def load_tokenizer(spec: str) -> TextTokenizer:
     except Exception as e:  # noqa: BLE001 - the library raises bare Exception for a malformed file
         raise ConfigError("tokenizer", spec, "a tokenizer.json the tokenizers library reads",
                           f"{path}: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
-    names = [n for n in (_eos_from_config(directory), *EOD_NAMES) if n]
+    eos = _eos_from_config(directory)
+    if eos is not None and backend.token_to_id(eos) is None:  # never another token in its place (id 0 ...)
+        raise ConfigError("tokenizer", spec, "a tokenizer whose eos_token is in its vocabulary",
+                          f"{directory / 'tokenizer_config.json'} names eos_token={eos[:80]!r}, which tokenizer.json "
+                          "does not hold; name a token it holds, or add this one")
+    names = [n for n in (eos, *EOD_NAMES) if n]
     eod = next((backend.token_to_id(n) for n in names if backend.token_to_id(n) is not None), None)
     if eod is None:
         raise ConfigError("tokenizer", spec, "a tokenizer with an end-of-document token",
