@@ -44,6 +44,7 @@ from trainfit.run import Run, build_run
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import META, has_checkpoints, list_dcp
 from trainfit.tasks.base import to_device
+from trainfit.tasks.corpus import reads_under
 from trainfit.tasks.spec import DataSpec
 
 
@@ -84,6 +85,16 @@ def _progress(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True)
 
 
+def check_outside_data(cfg: RunConfig, run_dir: Path) -> None:
+    """Refuse a run directory that ``--data`` or ``--val-data`` reads: the next read would train on the run's own
+    checkpoints, logs and exported model."""
+    for field in ("data", "val_data"):
+        spec = getattr(cfg, field)
+        if spec and reads_under(spec, run_dir):
+            raise ConfigError("run_dir", str(run_dir), f"a directory the {field} ({spec}) does not read",
+                              "a run inside its own data would read its checkpoints and logs as documents")
+
+
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy: Strategy | None = None) -> Summary:
     """Train ``cfg`` to ``cfg.steps``; with ``resume``, from the newest checkpoint in its run directory.
 
@@ -97,6 +108,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     run_dir = Path(cfg.run_dir)
     if strategy.rank == 0 and not (resume and has_checkpoints(run_dir)):  # (a run from before the marker resumes)
         check_run_dir(run_dir)  # before any work: never into a directory of the user's own files
+        check_outside_data(cfg, run_dir)
     auto = cfg.micro_batch == "auto"
     cfg = resolve_auto(cfg, strategy.world_size)  # "auto" -> the starting split; auto-fit shrinks it
     cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> accumulation per rank

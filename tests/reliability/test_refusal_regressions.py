@@ -231,3 +231,20 @@ def test_held_stderr_prints_in_order_on_accept_and_drops_on_refusal(capsys):
             print("context", file=sys.stderr)
             1 / 0
     assert capsys.readouterr().err == "context\n"
+
+
+# -- issue 27 item 4 (run dirs) and item 6 (plan's --model-config) ---------------------------------------------
+def test_a_run_dir_inside_the_data_directory_is_refused(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"d{i}.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    msg = refused(tmp_path, ["train", *TINY, "--steps", "1", "--data", "docs", "--run-dir", "docs/run"])
+    assert msg.startswith("trainfit: error: run_dir=") and "data" in msg, msg
+    assert not (docs / "run").exists()
+
+
+def test_plan_refuses_a_model_config_key_given_twice(tmp_path):
+    msg = refused(tmp_path, ["plan", "--model", "gpt-tiny", "--model-config", "n_layer=1,n_layer=2",
+                             "--global-batch", "8", "--device", "h100", "--device-memory", "80GiB"])
+    assert "n_layer is given twice" in msg, msg

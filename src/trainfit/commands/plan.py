@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from trainfit.commands.report import save_and_report
 from trainfit.config import dump_toml, make_config
-from trainfit.errors import ConfigError, TrainfitError
+from trainfit.errors import ConfigError, TrainfitError, check_unique_keys
 from trainfit.integrations.export_plan import TOOLS, check_write_for, export_plan, runnable_strategies
 from trainfit.integrations.read_config import plan_job, rank_note, read_from
 from trainfit.meters.devices import (
@@ -311,6 +311,7 @@ def _extra_policy(spec: str) -> bool:
 
 def check_flags(args) -> dict:
     """Every flag parsed and range-checked, and every output path checked, before any work."""
+    check_unique_keys("model_config", args.model_config)  # the user's text: a repeated key would silently win
     found = read_from(args.from_file) if getattr(args, "from_file", None) else None
     job, overridden = (plan_job(found, global_batch=args.global_batch, devices=args.devices, nodes=args.nodes)
                        if found is not None else ({}, {}))
