@@ -42,10 +42,27 @@ def _document(path: Path, n_bytes: int) -> Path:
     return path
 
 
+def _as_from_a_shell() -> None:
+    """In the child before exec: SIGINT deliverable and at its default, as a shell starts a command. A signal mask
+    or an ignored SIGINT is inherited through fork and exec: pytest started as a background job of a non-interactive
+    shell (``cmd &``) ignores SIGINT, and so did every prepare it started, which then never answered (seen)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _prepare_process(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "trainfit", "prepare", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_as_from_a_shell)
+
+
+def _signal_state(pid: int) -> str:
+    """The child's blocked/ignored/caught signal masks, for a failure message."""
+    try:
+        return " ".join(ln.strip() for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if ln.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "(no /proc)"
 
 
 MEASURE = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
@@ -97,7 +114,7 @@ def test_ctrl_c_is_answered_within_a_second_and_leaves_nothing(tmp_path, bpe_dir
         try:
             rc = p.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            pytest.fail("SIGINT unanswered after 30 s")
+            pytest.fail(f"SIGINT unanswered after 30 s; {_signal_state(p.pid)}")
         took = time.monotonic() - sent
         err = p.communicate()[1]
     finally:

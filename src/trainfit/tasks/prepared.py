@@ -27,10 +27,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
-import threading
-from contextlib import contextmanager
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,55 +234,13 @@ class _Written:
     max_id: int = 0
 
 
-class _Interrupt:
-    """Ctrl-C that cannot be lost: the handler raises KeyboardInterrupt *and* sets a flag that the write loop
-    checks after every encoded batch. A KeyboardInterrupt raised while a native tokenizer happens to call back
-    into Python can be dropped by that library (seen: a prepare that never answered in a full test run); the
-    flag answers it at the next batch (at most :data:`BATCH_CHARS` characters later)."""
-
-    def __init__(self) -> None:
-        self.hit = False
-
-    def __call__(self, signum, frame) -> None:
-        self.hit = True
-        raise KeyboardInterrupt
-
-    def check(self) -> None:
-        if self.hit:
-            raise KeyboardInterrupt
-
-
-@contextmanager
-def _interruptible() -> Iterator[_Interrupt]:
-    """Install :class:`_Interrupt` for SIGINT in the main thread (elsewhere: only the flag, never set)."""
-    flag = _Interrupt()
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield flag  # another thread, or a caller's own SIGINT policy (ignored, or a handler of its own): kept
-        return
-    signal.signal(signal.SIGINT, flag)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def _write_tokens(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer, tokens: _HashedFile,
                   docs: _HashedFile, bar: tqdm) -> _Written:
     """Append each document's ids + EOD to ``tokens`` and its end offset to ``docs`` as they are produced."""
     dtype = DTYPES[token_dtype(tokenizer.vocab_size)]
-    w, ends = _Written(), [0]
+    w, in_doc, ends = _Written(), 0, [0]
     eod = np.array([tokenizer.eod_id], dtype=dtype)
-    with _interruptible() as interrupt:
-        _write_ids(stream_ids(pieces, tokenizer, dtype), w, ends, eod, tokens, docs, bar, interrupt)
-    return w
-
-
-def _write_ids(stream, w: _Written, ends: list[int], eod: np.ndarray, tokens: _HashedFile, docs: _HashedFile,
-               bar: tqdm, interrupt: _Interrupt) -> None:
-    in_doc = 0
-    for ids, last in stream:
-        interrupt.check()
+    for ids, last in stream_ids(pieces, tokenizer, dtype):
         for part in (ids, eod) if last and in_doc + len(ids) + 1 >= MIN_DOC_TOKENS else (ids,):
             if len(part):
                 tokens.write(part.tobytes())
@@ -301,8 +256,9 @@ def _write_ids(stream, w: _Written, ends: list[int], eod: np.ndarray, tokens: _H
             in_doc = 0
         if len(ends) >= OFFSETS_PER_WRITE:
             docs.write(np.array(ends, OFFSET_DTYPE).tobytes())
-            ends.clear()
+            ends = []
     docs.write(np.array(ends, OFFSET_DTYPE).tobytes())
+    return w
 
 
 def clean_stale(out: Path) -> list[str]:
