@@ -126,12 +126,18 @@ def test_a_count_that_is_a_bool_is_refused(tmp_path, prep):
     _refused(tmp_path, prep, "skipped_documents=True")
 
 
-def test_a_tokenizer_changed_since_prepare_is_refused(tmp_path, bpe_dir):
+def _prepared_with_own_tokenizer(tmp_path, bpe_dir):
+    """A copy of the BPE tokenizer directory and a directory prepared with it: (tokenizer dir, prepared dir)."""
     tok = tmp_path / "tok"
     shutil.copytree(bpe_dir, tok)
     out = tmp_path / "p"
     r = cli(["prepare", "--data", str(STDLIB_JSON / "__init__.py"), "--tokenizer", str(tok), "--out", str(out)])
     assert r.rc == 0, r.err
+    return tok, out
+
+
+def test_a_tokenizer_changed_since_prepare_is_refused(tmp_path, bpe_dir):
+    tok, out = _prepared_with_own_tokenizer(tmp_path, bpe_dir)
     spec = json.loads((tok / "tokenizer.json").read_text())  # one more added token: vocabulary 301, not 300
     spec["added_tokens"].append({**spec["added_tokens"][0], "id": 300, "content": "<|extra|>"})
     (tok / "tokenizer.json").write_text(json.dumps(spec))
@@ -139,11 +145,7 @@ def test_a_tokenizer_changed_since_prepare_is_refused(tmp_path, bpe_dir):
 
 
 def test_a_missing_tokenizer_directory_is_refused(tmp_path, bpe_dir):
-    tok = tmp_path / "tok"
-    shutil.copytree(bpe_dir, tok)
-    out = tmp_path / "p"
-    r = cli(["prepare", "--data", str(STDLIB_JSON / "__init__.py"), "--tokenizer", str(tok), "--out", str(out)])
-    assert r.rc == 0, r.err
+    tok, out = _prepared_with_own_tokenizer(tmp_path, bpe_dir)
     shutil.rmtree(tok)
     _refused(tmp_path, out, "tokenizer=", "is missing")
 
