@@ -31,8 +31,8 @@ LAYERS = {
     "trainfit.plan": 6,
     "trainfit.probes": 7,
     "trainfit.report": 8,
-    "trainfit.commands": 9, "trainfit.cli": 9, "trainfit.__main__": 9, "trainfit": 9,
-    "trainfit.integrations": 9,
+    "trainfit.front": 9, "trainfit.integrations": 9,
+    "trainfit.commands": 10, "trainfit.cli": 10, "trainfit.__main__": 10, "trainfit": 10,
 }
 MAX_LAZY_IMPORTS = 6
 

@@ -254,6 +254,21 @@ class RunConfig:
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("model", "model_config", "init_from", "freeze", "lora"),
+    "data": ("data", "text_field", "text_errors", "tokenizer", "packing", "seq_len", "val_fraction", "val_data",
+             "dataset_size", "loader_workers"),
+    "levers": ("precision", "micro_batch", "accumulation", "checkpointing", "offload", "compile", "compile_mode",
+               "compile_scope"),
+    "distribution": ("strategy", "grad_sync", "devices", "global_batch", "collective_timeout_s"),
+    "schedule": ("optimizer", "lr", "weight_decay", "grad_clip", "steps", "schedule", "warmup_steps", "min_lr"),
+    "run": ("seed", "run_dir", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "save_every",
+            "eval_every", "eval_batches", "log", "max_consecutive_skips", "min_loss_scale", "memory_cap"),
+}
+"""Which section of a config each RunConfig field belongs to: the TOML tables, the groups of ``--help``."""
+
+SECTION_OF: dict[str, str] = {key: name for name, keys in SECTIONS.items() for key in keys}
+
 
 def coerce(key: str, value: Any) -> Any:
     """Convert a raw TOML/CLI value for ``key`` into the dataclass field's type."""
