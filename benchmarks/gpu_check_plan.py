@@ -17,6 +17,14 @@ For hf GPT-2 small (n_layer=12, n_embd=768, n_head=12, n_positions=2048) and a L
    not compared. The SDPA kernel the real run could use (``torch.backends.cuda.can_use_*`` on the first
    call's arguments) is reported next to the kernel the estimate assumed.
 
+The clock check (issue 30, item 4; ``--clock``, on by default, ``--no-memory`` for it alone): ``plan --calibrate``'s
+CUDA calibration (``trainfit.probes.calibrate.measure_device_timings``: GEMMs large and skinny in bf16/fp16/fp32, a
+1 GiB device copy, pinned host copies each way, back-to-back tiny GEMMs) turned into the clock's device row
+(``calibrated_device_clock``), then each case's single-device step priced by the op-level clock with the table's
+row and with the calibrated one, against the median of 5 real CUDA steps; and a plan (``plan.search`` over
+precisions, micro-batches and checkpointing for a global batch of 16) priced with the calibrated row. Written to
+``$OUT/gpu_check_clock.json``. Reported, not passed or failed: it is the measurement the clock is checked by.
+
 Works on torch >= 2.6 with only torch + transformers (no internet: models are built from configs; without
 transformers the hf cases are skipped with a message). Output: one JSON line per case on stdout, and
 ``$OUT/gpu_check_plan.json`` when ``OUT`` is set (or ``--out DIR``). Exit 0 when every case passes or is
@@ -25,7 +33,7 @@ skipped, 1 otherwise. ``--dry-run`` (no CUDA needed) builds the configs and runs
 Usage::
 
     python benchmarks/gpu_check_plan.py [--target h200] [--cases gpt2,llama] [--micro-batches 1,2]
-                                        [--out DIR] [--dry-run]
+                                        [--out DIR] [--dry-run] [--no-clock | --no-memory]
 """
 
 from __future__ import annotations
@@ -162,6 +170,94 @@ def measure(case: dict) -> dict:
     return out
 
 
+SHAPES = {  # the analytic shapes of MODELS (plan.shapes), for the clock's op list
+    "gpt2": dict(family="gpt", vocab_size=50257, n_layer=12, d_model=768, n_head=12, n_kv_head=12, d_ff=3072,
+                 max_seq_len=SEQ, tied_embeddings=True),
+    "llama": dict(family="llama", vocab_size=32000, n_layer=16, d_model=2048, n_head=16, n_kv_head=8, d_ff=5504),
+}
+
+
+def measure_step_s(case: dict, reps: int = 5) -> float:
+    """Median of ``reps`` real CUDA steps of ``case`` after two warm-up steps (synchronised, wall clock)."""
+    from trainfit.probes.memory import example_batch, warm_up  # noqa: I001  (the CUDA path only)
+    from trainfit.run import build_run
+    from trainfit.strategies.single import Single
+    from trainfit.tasks.base import to_device
+
+    cfg = make_config({k: v for k, v in case.items() if k != "name"})
+    run = build_run(cfg, strategy=Single("cuda"))
+    mb = to_device(example_batch(run.task, cfg.micro_batch), torch.device("cuda"))
+    warm_up(run, [mb])
+    run.step([mb])
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run.step([mb])
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del run, mb
+    torch.cuda.empty_cache()
+    return sorted(times)[len(times) // 2]
+
+
+def clock_check(names: list[str], micro_batches: tuple[int, ...], target: str, dry_run: bool) -> dict:
+    """The CUDA calibration, each case's step priced with the table's and the calibrated clock vs measured, a plan."""
+    from trainfit.meters.devices import clock_facts, device_row, dtypes_of
+    from trainfit.plan.basis import analytic_basis
+    from trainfit.plan.clock import DeviceClock, clocked_links
+    from trainfit.plan.cost import Candidate, step_time
+    from trainfit.plan.rules import Context
+    from trainfit.plan.search import SearchSpace, search
+    from trainfit.plan.shapes import TransformerShape
+    from trainfit.probes.calibrate import calibrated_device_clock, measure_device_timings
+    from trainfit.probes.fastbasis import links_provider
+
+    row = device_row(target)
+    table = DeviceClock(**clock_facts(row))
+    out: dict = {"target": target}
+    if dry_run:
+        calibrated, lines = None, []
+    else:
+        t0 = time.perf_counter()
+        timings = measure_device_timings("cuda")
+        calibrated, host, lines = calibrated_device_clock(row, timings=timings)
+        out.update(timings=timings.to_dict(), calibration_s=time.perf_counter() - t0, host_bytes_per_s=host,
+                   gemm_shares=calibrated.gemm_shares, hbm_share=calibrated.hbm_share, kernel_s=calibrated.kernel_s)
+        print(json.dumps({"calibration": lines}), flush=True)
+    out["sources"] = lines
+    plain = links_provider(row, nodes=1, devices=1, intra=None, inter=None)
+    rows = []
+    for case in cases(names, micro_batches):
+        shape = TransformerShape(**SHAPES[case["name"]])
+        b = analytic_basis(shape, precision=case["precision"], checkpointing="none", seq_len=SEQ)
+        c = Candidate(precision=case["precision"], micro_batch=case["micro_batch"], accumulation=1,
+                      checkpointing="none", strategy="single", grad_sync="deferred", n=1)
+        r = {"name": case["name"], "micro_batch": case["micro_batch"], "precision": case["precision"],
+             "table_step_s": step_time(b, c, clocked_links(plain, table, shape, seq_len=SEQ)(c.precision)).step_s}
+        if calibrated is not None:
+            r["calibrated_step_s"] = step_time(b, c, clocked_links(plain, calibrated, shape, seq_len=SEQ)(
+                c.precision)).step_s
+            if not (case["model"].startswith("hf:") and transformers_missing()):
+                r["measured_step_s"] = measure_step_s(case)
+                r["table_error"] = r["table_step_s"] / r["measured_step_s"] - 1
+                r["calibrated_error"] = r["calibrated_step_s"] / r["measured_step_s"] - 1
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    out["steps"] = rows
+    shape = TransformerShape(**SHAPES[names[0]])
+    links = clocked_links(plain, calibrated or table, shape, seq_len=SEQ)
+    space = SearchSpace(global_batch=16, devices=1, memory_bytes=row.memory_bytes, strategies=("single",))
+    plan = search(space, ctx=Context(devices=1, dtypes=dtypes_of(row)), links=links,
+                  basis=lambda p, ck: analytic_basis(shape, precision=p, checkpointing=ck, seq_len=SEQ))
+    best = plan.best
+    out["plan"] = {"model": names[0], "global_batch": 16, "clock": "calibrated" if calibrated else "table",
+                   "best": None if best is None else best.to_dict(),
+                   "top": [e.to_dict() for e in plan.entries[:5]]}
+    print(json.dumps({"plan_best": out["plan"]["best"]}, default=str), flush=True)
+    return out
+
+
 def check(case: dict, target: str, dry_run: bool) -> dict:
     row = {**case, "target": target, **estimate(case, target)}
     if dry_run:
@@ -180,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batches", default=",".join(map(str, MICRO_BATCHES)), help="comma list (default 1,2)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check_plan.json (default $OUT)")
     ap.add_argument("--dry-run", action="store_true", help="estimates only (no CUDA)")
+    ap.add_argument("--no-clock", dest="clock", action="store_false", help="leave out the clock check")
+    ap.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory check")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -194,13 +292,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     skip = transformers_missing()
     rows = []
-    for case in cases(names, micro_batches):
+    for case in cases(names, micro_batches) if args.memory else ():
         if skip is not None and case["model"].startswith("hf:"):
             rows.append({**case, "skipped": skip})
         else:
             rows.append(check(case, args.target, args.dry_run))
         print(json.dumps(rows[-1]), flush=True)
     ok = all(r.get("pass", True) for r in rows)
+    if args.clock:
+        clock = clock_check(names, micro_batches, args.target, args.dry_run)
+        if args.out:
+            path = Path(args.out) / "gpu_check_clock.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"torch": torch.__version__, **clock}, indent=2, default=str) + "\n")
+            print(f"gpu_check_plan: wrote {path}")
     if args.out:
         out = Path(args.out) / "gpu_check_plan.json"
         out.parent.mkdir(parents=True, exist_ok=True)

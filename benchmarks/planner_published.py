@@ -61,11 +61,19 @@ class Row:
     precision: str
     strategy: str
     shard_over: int
-    """Devices one sharding group spans (HSDP: the node's 8; the replicas' all-reduce is not priced)."""
+    """Devices one sharding group spans (HSDP: the node's 8; the replicas, ``gpus / shard_over``, all-reduce each
+    shard across nodes: ``plan.clock.hsdp_all_reduce``)."""
     tokens_per_s_per_gpu: float
     source: str
     held_in: bool = False
     """A row the one fitted coefficient (``EAGER_SHARE``) is fitted on."""
+    node_network_bits_per_s: float | None = None
+    """The network of one node as the source states it (shared by its 8 GPUs); None: the device row's per-GPU
+    inter-node link."""
+
+    @property
+    def replicas(self) -> int:
+        return self.gpus // self.shard_over
 
     @property
     def measured_s(self) -> float:
@@ -107,10 +115,12 @@ ROWS = (
     _mpt(A100_40, "a100-40gb", "7b", 12, 4, True, "bf16 PURE", 3679),
     Row(label="Llama2-7B a100 x128", family="llama", dims=LLAMA2_7B, seq=4096, gpus=128, device="a100",
         old_device="a100", mb=2, acc=1, ckpt="none", precision="bf16-mixed", strategy="zero3", shard_over=8,
-        tokens_per_s_per_gpu=3700, source=IBM.format(tps=3700, gpus="128 A100 80GB (400 Gbps)")),
+        tokens_per_s_per_gpu=3700, source=IBM.format(tps=3700, gpus="128 A100 80GB (400 Gbps)"),
+        node_network_bits_per_s=400e9),
     Row(label="Llama2-7B h100 x96", family="llama", dims=LLAMA2_7B, seq=4096, gpus=96, device="h100",
         old_device="h100", mb=2, acc=1, ckpt="none", precision="bf16-mixed", strategy="zero3", shard_over=8,
-        tokens_per_s_per_gpu=7500, source=IBM.format(tps=7500, gpus="96 H100 80GB (800 Gbps)")),
+        tokens_per_s_per_gpu=7500, source=IBM.format(tps=7500, gpus="96 H100 80GB (800 Gbps)"),
+        node_network_bits_per_s=800e9),
     Row(label="TinyLlama-1.1B a100-40gb x16", family="llama",
         dims=dict(vocab_size=32000, n_layer=22, d_model=2048, n_head=32, n_kv_head=4, d_ff=5632), seq=2048, gpus=16,
         device="a100-40gb", old_device="a100", mb=8, acc=8, ckpt="none", precision="bf16-mixed", strategy="zero3",
@@ -118,8 +128,9 @@ ROWS = (
 )
 
 
-def predict(rows: list[dict], *, clock: bool, eager_share: float | None = None) -> list[dict]:
-    """Step seconds (and, with the clock, its parts) the planner importable here prices for each row."""
+def predict(rows: list[dict], *, clock: bool, eager_share: float | None = None, hsdp: bool = True) -> list[dict]:
+    """Step seconds (and, with the clock, its parts) the planner importable here prices for each row; with the
+    clock and ``hsdp``, an HSDP row's cross-node all-reduce (``plan.clock.hsdp_all_reduce``) is added."""
     from trainfit.meters.devices import device_row
     from trainfit.plan.basis import analytic_basis
     from trainfit.plan.cost import Candidate, step_time
@@ -143,8 +154,24 @@ def predict(rows: list[dict], *, clock: bool, eager_share: float | None = None) 
             links = clocked_links(links, DeviceClock(**facts), shape, seq_len=r["seq"])
         c = Candidate(precision=r["precision"], micro_batch=r["mb"], accumulation=r["acc"], checkpointing=r["ckpt"],
                       strategy=r["strategy"], grad_sync="deferred", n=n)
-        t = step_time(b, c, links(r["precision"], r["ckpt"]))
-        out.append({"step_s": t.step_s, "parts": t.parts() if clock else {}})
+        lk = links(r["precision"], r["ckpt"])
+        t = step_time(b, c, lk)
+        step, parts = t.step_s, (t.parts() if clock else {})
+        replicas = r["gpus"] // n
+        if clock and hsdp and replicas > 1:
+            from trainfit.plan.clock import hsdp_all_reduce
+
+            mb = lk.clock.micro_batch(r["mb"])
+            dev = lk.clock.device
+            node = r.get("node_network_bits_per_s")
+            per_gpu = node / 8 / 8 if node else row.inter_bytes_per_s  # bits -> bytes, shared by the node's 8 GPUs
+            _, exposed = hsdp_all_reduce(b.grad_comm_bytes, shard_over=n, replicas=replicas, units=b.n_blocks + 1,
+                                         backward_s=(mb.total_s - mb.forward_s) / dev.eager_share,
+                                         bandwidth_bytes_per_s=per_gpu, bus_share=dev.bus_share,
+                                         latency_s=lk.latency_s)
+            step += exposed
+            parts = {**parts, "exposed_comm_s": parts.get("exposed_comm_s", 0.0) + exposed, "hsdp_exposed_s": exposed}
+        out.append({"step_s": step, "parts": parts})
     return out
 
 

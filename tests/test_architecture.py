@@ -22,6 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trainfit"
 # Layer of each module (longest matching prefix wins); a module imports only its own layer or lower ones.
 LAYERS = {
     "trainfit.errors": 0, "trainfit.units": 0, "trainfit.vocabulary": 0, "trainfit.presets": 0, "trainfit.outputs": 0,
+    "trainfit.progress": 0,
     "trainfit.results": 1, "trainfit.config": 1, "trainfit.checkpoint": 1, "trainfit.data": 1, "trainfit.tasks": 1,
     "trainfit.meters": 2,
     "trainfit.levers": 3, "trainfit.strategies": 3,
@@ -161,11 +162,22 @@ def test_meters_know_nothing_of_a_run():
     assert not bad, bad
 
 
+LEVER_RULES = ("trainfit.levers.offload_rules", "trainfit.levers.checkpointing_rules")
+"""The torch-free halves of the levers: their rules, which the planner imports instead of restating them."""
+
+
 def test_plan_is_pure():
-    """plan/ reads facts from the vocabulary: no torch.distributed, no run, engine, probe or torch shell."""
-    allowed = ("trainfit.errors", "trainfit.units", "trainfit.vocabulary", "trainfit.presets", "trainfit.plan")
+    """plan/ reads facts from the vocabulary and the levers' torch-free rules: no torch.distributed, no run, engine,
+    probe or torch shell. The lever rules it reads import only the foundation themselves (nor does the levers
+    package, which importing them runs)."""
+    allowed = ("trainfit.errors", "trainfit.units", "trainfit.vocabulary", "trainfit.presets", "trainfit.plan",
+               *LEVER_RULES)
     bad = []
     for mod, (_, v, _) in MODULES.items():
+        if mod == "trainfit.levers" or mod in LEVER_RULES:
+            bad += [f"{mod}:{line} imports {name}" for name, line in v.top + v.local
+                    if name.startswith("torch") or (name.startswith("trainfit") and not name.startswith(allowed[:4]))]
+            continue
         if not mod.startswith("trainfit.plan"):
             continue
         for name, line in v.top + v.local:
@@ -327,3 +339,59 @@ def test_report_imports_nothing_that_runs_a_step():
            for name, line in v.top + v.local
            if name.startswith("torch") or (name.startswith("trainfit") and not name.startswith(allowed))]
     assert not bad, bad
+
+
+# ---- one home per lever: code reads a strategy's or precision's row, it does not ask which one it is ----------
+LEVER_HOMES = ("strategies/", "levers/", "vocabulary.py")
+"""Where a strategy's or precision's identity may be tested: its implementation, the levers, its row."""
+IDENTITY_ALLOWED: set[tuple[str, str]] = set()
+"""Identity branches allowed outside the lever homes, each with its reason: none left."""
+
+
+def _names_a_lever(node: ast.AST, aliases: set[str]) -> bool:
+    """``StrategyName.X`` / ``PrecisionName.X``, their string values, a tuple/list/set holding one, or a module-level
+    name bound to such a collection (``_FSDP = (StrategyName.ZERO2, StrategyName.ZERO3)``)."""
+    values = {str(v) for v in [*StrategyName, *PrecisionName]}
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return node.value.id in ("StrategyName", "PrecisionName")
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in values
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_lever(e, aliases) for e in node.elts)
+    return isinstance(node, ast.Name) and node.id in aliases
+
+
+def identity_branches(root: Path = SRC) -> list[tuple[str, int, str]]:
+    """Comparisons and membership tests against a strategy's or precision's identity outside :data:`LEVER_HOMES`:
+    (file, line, the comparison's source)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(LEVER_HOMES):
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = {t.id for n in tree.body if isinstance(n, ast.Assign)
+                   and isinstance(n.value, (ast.Tuple, ast.List, ast.Set)) and _names_a_lever(n.value, set())
+                   for t in n.targets if isinstance(t, ast.Name)}
+        out += [(rel, n.lineno, ast.unparse(n)) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                and any(_names_a_lever(x, aliases) for x in [n.left, *n.comparators])]
+    return out
+
+
+def test_no_identity_branches_outside_lever_homes():
+    """Strategy- and precision-dependent behaviour reads the row (shards, fsdp, offload_parts, the tools' names);
+    16 such branches were found before this rule (plan/offload.py 5, plan/rules.py 1, integrations/export_plan.py 7,
+    integrations/frameworks.py 1, commands/plan.py 2)."""
+    found = identity_branches()
+    left = [f"{f}:{line}: {src}" for f, line, src in found if (f, src) not in IDENTITY_ALLOWED]
+    assert not left, "branch on a strategy's/precision's identity; read its row instead:\n" + "\n".join(left)
+
+
+def test_identity_branch_finder_finds_each_kind(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "_FSDP = (StrategyName.ZERO2, StrategyName.ZERO3)\n"
+        "def f(s, p, c):\n"
+        "    return s == StrategyName.ZERO1, s in _FSDP, p != 'fp32', c.strategy in ('ddp', 'x'), s == 'other'\n")
+    (tmp_path / "vocabulary.py").write_text("x = s == StrategyName.ZERO1\n")
+    assert [src for _, _, src in identity_branches(tmp_path)] == [
+        "s == StrategyName.ZERO1", "s in _FSDP", "p != 'fp32'", "c.strategy in ('ddp', 'x')"]

@@ -15,7 +15,8 @@ import sys
 import warnings
 
 from trainfit.commands.flags import EXIT_USAGE, RUN_FLAGS, add_run_flags, config_from_args  # noqa: F401 -- re-exported
-from trainfit.errors import TrainfitError, one_line
+import trainfit.progress as progress
+from trainfit.errors import ConfigError, TrainfitError, one_line
 from trainfit.logs import held_until_accepted
 
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")
@@ -61,16 +62,81 @@ your model, your data:
 Every command takes --json (one object on stdout); train, memory, profile and verify also read a TOML config
 whose keys are the flags' names (micro_batch = 8).
 Bad input gives one line naming the field, the value and what is allowed, and exit status 2.
+Progress goes to stderr ("trainfit: plan: traced pair 3/8 ..."): --quiet keeps warnings and errors only, --verbose
+adds debug lines; either one before or after the command name.
 """
+
+VERBOSITY = {"--quiet": "quiet", "--verbose": "verbose"}
+"""The global flags, taken out of the arguments wherever they stand (before or after the command's name)."""
+LEVELS = {"quiet": progress.QUIET, "normal": progress.NORMAL, "verbose": progress.VERBOSE}
+VERBOSITY_ENV = "TRAINFIT_VERBOSITY"
+"""quiet, normal or verbose: the level when no flag is given. ``main`` sets it while a flag's command runs, so the
+workers ``train --devices N`` starts say as much as it does."""
+
+
+def split_verbosity(argv: list[str]) -> tuple[list[str], str | None]:
+    """(``argv`` without ``--quiet`` / ``--verbose``, which one was given or None); a lone ``--`` ends the scan.
+
+    Raises:
+        ConfigError: both were given."""
+    rest, given = [], []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        (given if arg in VERBOSITY else rest).append(arg)
+    if len(set(given)) > 1:
+        raise ConfigError("verbosity", " ".join(given), "one of --quiet, --verbose",
+                          "--quiet prints warnings and errors only, --verbose adds debug lines")
+    return rest, VERBOSITY[given[0]] if given else None
+
+
+def verbosity_level(given: str | None) -> int:
+    """The logging level of the flag given, else of $TRAINFIT_VERBOSITY, else INFO."""
+    name = given or os.environ.get(VERBOSITY_ENV) or "normal"
+    if name not in LEVELS:
+        raise ConfigError(VERBOSITY_ENV, name, tuple(LEVELS), "or pass --quiet / --verbose")
+    return LEVELS[name]
+
+
+@contextlib.contextmanager
+def _verbosity_env(given: str | None):
+    """$TRAINFIT_VERBOSITY set to the flag given while the command runs (its workers inherit it), then restored."""
+    if given is None:
+        yield
+        return
+    before = os.environ.get(VERBOSITY_ENV)
+    os.environ[VERBOSITY_ENV] = given
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(VERBOSITY_ENV, None)
+        else:
+            os.environ[VERBOSITY_ENV] = before
+
+
+def _add_verbosity_flags(parser: argparse.ArgumentParser) -> None:
+    """--quiet / --verbose in ``parser``'s help (``main`` takes them out of the arguments before parsing)."""
+    if any(flag in parser._option_string_actions for flag in VERBOSITY):  # a command that defines its own
+        return
+    group = parser.add_argument_group("verbosity (before or after the command name)")
+    group.add_argument("--quiet", action="store_true", help="print warnings and errors only on stderr: no progress "
+                                                            "or info lines, no progress bar")
+    group.add_argument("--verbose", action="store_true", help="also print debug lines: every step of a progress "
+                                                              "loop, what each probe inside it does")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or of ``only`` (one of COMMANDS): each command module imports what
     its command runs, so registering one spares the others' imports (seconds on a small machine)."""
     parser = Parser(prog="trainfit", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_verbosity_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS if only not in COMMANDS else (only,):
         importlib.import_module(f"trainfit.commands.{name}").register(sub)
+    for command_parser in sub.choices.values():
+        _add_verbosity_flags(command_parser)
     return parser
 
 
@@ -80,6 +146,11 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:  # `trainfit --quiet plan ...` and `trainfit plan ... --quiet` alike
+        argv, given = split_verbosity(argv)
+        level = verbosity_level(given)
+    except ConfigError as e:
+        return fail(str(e))
     # `trainfit plan ...` registers plan alone; anything else (no command, --help, a typo) registers them all,
     # so help lists every command and a wrong name is answered with the full choice.
     parser = build_parser(argv[0] if argv else None)
@@ -89,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.formatwarning = _one_line_warning  # a warning is one line on stderr, not its source line too
     refused = (TrainfitError, OSError, KeyboardInterrupt, SystemExit)  # what is held is dropped: one line
-    try:
-        with held_until_accepted(dropped_on=refused) if args.command in HELD else contextlib.nullcontext():
+    try:  # progress lines are written to the stderr of their moment: a held one holds them too
+        with progress.to_stderr(level), _verbosity_env(given), \
+                held_until_accepted(dropped_on=refused) if args.command in HELD else contextlib.nullcontext():
             return int(args.func(args) or 0)
     except TrainfitError as e:
         return fail(str(e))

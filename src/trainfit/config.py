@@ -3,12 +3,24 @@
 Every field is documented once, right under it. A TOML file and the CLI flags both
 produce a :class:`RunConfig`; unknown keys are refused with the list of known ones.
 Derive variants with ``dataclasses.replace``; never mutate.
+
+The fields fall into six sections (:data:`SECTIONS`: model, data, levers, distribution, schedule, run). Each
+has a frozen keyword-only dataclass generated from RunConfig's own fields (:data:`SECTION_CLASSES`, e.g.
+:class:`LeversSection`); ``cfg.section("levers")`` gives one, :meth:`RunConfig.from_sections` builds a config
+from them (validated as any RunConfig). A TOML config is written in tables of the same names
+(:func:`dump_toml`); :func:`load_toml` reads them, and still reads the flat keys of earlier versions (one
+warning line gives the sectioned spelling, none for the config.toml trainfit wrote into its own run directory).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import os
+import re
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +29,7 @@ import tomli_w
 import tomllib
 
 from trainfit.errors import ConfigError, check_choice, check_int, check_number, check_patterns, check_unique_keys
-from trainfit.outputs import check_path_text
+from trainfit.outputs import check_path_text, owns
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
     CheckpointPolicy,
@@ -251,6 +263,33 @@ class RunConfig:
             d[key] = str(d[key])
         return d
 
+    def section(self, name: str) -> Any:
+        """The fields of one section (``"levers"``, ...: see :data:`SECTIONS`) as its frozen dataclass."""
+        if name not in SECTIONS:
+            raise ConfigError("section", name, tuple(SECTIONS))
+        return SECTION_CLASSES[name](**{key: getattr(self, key) for key in SECTIONS[name]})
+
+    def sections(self) -> dict[str, Any]:
+        """Every section, by name, in :data:`SECTIONS` order."""
+        return {name: self.section(name) for name in SECTIONS}
+
+    @classmethod
+    def from_sections(cls, *sections: Any, base: RunConfig | None = None) -> RunConfig:
+        """A config from section objects (``RunConfig.from_sections(LeversSection(precision="bf16-mixed"))``);
+        a section not given keeps ``base``'s values (the defaults without one). Validated as any RunConfig."""
+        values: dict[str, Any] = {}
+        seen: set[str] = set()
+        for sec in sections:
+            name = getattr(type(sec), "section_name", None)
+            if name not in SECTION_CLASSES or type(sec) is not SECTION_CLASSES[name]:
+                known = ", ".join(c.__name__ for c in SECTION_CLASSES.values())
+                raise TypeError(f"from_sections takes section objects ({known}), not {type(sec).__name__}")
+            if name in seen:
+                raise TypeError(f"from_sections: the {name} section is given twice")
+            seen.add(name)
+            values.update({key: getattr(sec, key) for key in SECTIONS[name]})
+        return dataclasses.replace(base or cls(), **values)
+
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
@@ -268,6 +307,52 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 """Which section of a config each RunConfig field belongs to: the TOML tables, the groups of ``--help``."""
 
 SECTION_OF: dict[str, str] = {key: name for name, keys in SECTIONS.items() for key in keys}
+"""The section each field belongs to (the inverse of :data:`SECTIONS`)."""
+
+
+def _field_docs() -> dict[str, str]:
+    """Each RunConfig field's docstring: the string right under it in this file (read once, not restated)."""
+    try:
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):  # no source shipped: the sections go without field docs
+        return {}
+    body = next(n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunConfig")
+    return {a.target.id: inspect.cleandoc(b.value.value) for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+
+
+FIELD_DOCS: dict[str, str] = _field_docs()
+"""The docstring of each RunConfig field (also each section field's ``metadata["doc"]``)."""
+
+
+def _section_class(name: str, keys: tuple[str, ...]) -> type:
+    """A frozen keyword-only dataclass holding ``keys`` with RunConfig's types, defaults and docs."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    specs = []
+    for key in keys:
+        f = fields[key]
+        default = ({"default": f.default} if f.default is not dataclasses.MISSING
+                   else {"default_factory": f.default_factory})
+        specs.append((key, f.type, field(**default, metadata={"doc": FIELD_DOCS.get(key, "")})))
+    cls_name = f"{name.capitalize()}Section"
+    cls = dataclasses.make_dataclass(cls_name, specs, frozen=True, kw_only=True, namespace={"section_name": name})
+    cls.__module__ = __name__  # pickled and shown as trainfit.config.LeversSection, where it is bound below
+    lines = [f"The [{name}] section of a :class:`RunConfig` (``cfg.section({name!r})``); not validated on its "
+             "own: :meth:`RunConfig.from_sections` validates the whole config.", ""]
+    lines += [f"{key}: {FIELD_DOCS.get(key, '')}".replace("\n", " ") for key in keys]
+    cls.__doc__ = "\n".join(lines)
+    return cls
+
+
+SECTION_CLASSES: dict[str, type] = {name: _section_class(name, keys) for name, keys in SECTIONS.items()}
+"""The dataclass of each section, by name."""
+ModelSection = SECTION_CLASSES["model"]
+DataSection = SECTION_CLASSES["data"]
+LeversSection = SECTION_CLASSES["levers"]
+DistributionSection = SECTION_CLASSES["distribution"]
+ScheduleSection = SECTION_CLASSES["schedule"]
+RunSection = SECTION_CLASSES["run"]
 
 
 def coerce(key: str, value: Any) -> Any:
@@ -304,18 +389,84 @@ ALIASES = {"nproc": "devices"}
 """Earlier names of config keys, still read (a config written by an older trainfit keeps working)."""
 
 
-def make_config(values: dict[str, Any], *, base: RunConfig | None = None) -> RunConfig:
-    """Build a RunConfig from a mapping, refusing unknown keys by name."""
-    values = {ALIASES.get(k, k): v for k, v in values.items()}
+def make_config(values: Mapping[str, Any], *, base: RunConfig | None = None) -> RunConfig:
+    """Build a RunConfig from a mapping -- flat keys, or section tables as :func:`dump_toml` writes them
+    (``{"levers": {"precision": ...}}``) -- refusing unknown keys by name."""
+    values = {ALIASES.get(k, k): v for k, v in flatten(values).items()}
     for key in values:
         if key not in FIELDS:
-            raise ConfigError("config key", key, FIELDS, "remove or rename it")
+            raise ConfigError("config key", key, FIELDS, f"a section: write [{key}] and its keys under it"
+                              if key in SECTIONS else "remove or rename it")
     coerced = {k: coerce(k, v) for k, v in values.items()}
     return dataclasses.replace(base or RunConfig(), **coerced)
 
 
+_OWN_CONFIG = re.compile(r"config\.toml|launch(-node\d+)?\.toml")
+"""The configs trainfit writes into a run directory (train's record, the launcher's job for its workers)."""
+
+
+class FlatConfigWarning(UserWarning):
+    """A TOML config in the flat spelling of earlier versions: read as before; the message gives the tables."""
+
+
+def _is_table(key: str, value: Any) -> bool:
+    """A section table (``[levers]``), not a flat key -- ``model``, ``data`` and ``schedule`` are both a field
+    (a string) and a section (a table)."""
+    return isinstance(value, Mapping)  # no field's own value is a table
+
+
+def flatten(data: Mapping[str, Any], *, where: str = "config") -> dict[str, Any]:
+    """The flat keys of a config given in section tables (``{"levers": {"precision": ...}}``) or flat.
+
+    Refused, in one line each: an unknown table, a key in the wrong table (naming where it belongs), flat keys
+    beside tables. ``where`` names the file in the mixed-spelling refusal. Keys are checked against the fields
+    by :func:`make_config`; this only places them."""
+    tables = [k for k, v in data.items() if _is_table(k, v)]
+    if not tables:
+        return dict(data)
+    flat = [k for k in data if k not in tables]
+    if flat:
+        home = SECTION_OF.get(ALIASES.get(flat[0], flat[0]))
+        raise ConfigError("config", where, "flat keys or [section] tables, not both",
+                          f"{flat[0]} is outside any table" + (f"; write it under [{home}]" if home else ""))
+    values: dict[str, Any] = {}
+    for table in tables:
+        if table not in SECTIONS:
+            if ALIASES.get(table, table) in SECTION_OF:  # `lr = {a = 1}`: a field given a table
+                raise ConfigError(table, dict(data[table]), "a value, not a table",
+                                  f"{table} is a key of [{SECTION_OF[ALIASES.get(table, table)]}]")
+            raise ConfigError("config table", f"[{table}]", [f"[{name}]" for name in SECTIONS])
+        for key, value in data[table].items():
+            name = ALIASES.get(key, key)
+            home = SECTION_OF.get(name)
+            if home != table:
+                fix = (f"{key} belongs in [{home}]: move it there" if home else
+                       "not a config key in any table; remove or rename it")
+                raise ConfigError(f"[{table}] key", key, SECTIONS[table], fix)
+            values[key] = value
+    return values
+
+
+def flat_spelling_note(keys: Any, *, where: str = "config") -> str:
+    """The one line saying how ``keys`` (flat, as read) are spelled in sections ("" when none is a field's)."""
+    grouped: dict[str, list[str]] = {}
+    for key in keys:
+        name = ALIASES.get(key, key)
+        if name in SECTION_OF:
+            grouped.setdefault(SECTION_OF[name], []).append(name)
+    if not grouped:  # no key of a field: nothing to spell (make_config refuses what is unknown)
+        return ""
+    spelled = "; ".join(f"[{sec}] {', '.join(grouped[sec])}" for sec in SECTIONS if sec in grouped)
+    return f"{where}: flat config keys are read as before; the sectioned spelling is {spelled}"
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a flat TOML config (a ``[train]`` table is also accepted)."""
+    """Read a TOML config into flat keys: section tables (``[levers]``, ... as :func:`dump_toml` writes them),
+    or the flat keys of earlier versions (a ``[train]`` table around them is also accepted).
+
+    Flat keys give one :class:`FlatConfigWarning` (one line) with their sectioned spelling -- except in the
+    config.toml or launch*.toml trainfit wrote into its own run directory (an older run, resumed: not the
+    user's file)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(path), "an existing TOML file")
@@ -325,11 +476,20 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("config", str(path), "a valid TOML file", f"parse error: {e}") from None
     if set(data) == {"train"} and isinstance(data["train"], dict):
         data = data["train"]
-    return data
+    values = flatten(data, where=str(path))
+    flat = not any(_is_table(k, v) for k, v in data.items())  # the spelling of earlier versions
+    note = flat_spelling_note(values, where=str(path)) if flat else ""
+    if note and not (_OWN_CONFIG.fullmatch(p.name) and owns(p.parent)):
+        warnings.warn(note, FlatConfigWarning, stacklevel=2)
+    return values
 
 
 def dump_toml(cfg: RunConfig, *, only_changed: bool = False) -> str:
-    """Write a config as TOML that ``trainfit train CONFIG`` reads back unchanged (tomli-w escapes every string)."""
+    """Write a config as TOML in section tables (``[model]``, ``[data]``, ``[levers]``, ``[distribution]``,
+    ``[schedule]``, ``[run]``) that ``trainfit train CONFIG`` reads back unchanged (tomli-w escapes every
+    string). ``only_changed``: the values that differ from the defaults (a table with none is left out)."""
     default = RunConfig().to_dict()
-    values = {k: v for k, v in cfg.to_dict().items() if not (only_changed and default[k] == v)}
-    return tomli_w.dumps(values)
+    values = cfg.to_dict()
+    tables = {name: {k: values[k] for k in keys if not (only_changed and default[k] == values[k])}
+              for name, keys in SECTIONS.items()}
+    return tomli_w.dumps({name: table for name, table in tables.items() if table})

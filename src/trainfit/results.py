@@ -10,6 +10,7 @@ missing take their defaults, and anything else that does not fit raises :class:`
 from __future__ import annotations
 
 import dataclasses
+import html
 import types
 import typing
 from collections.abc import Mapping
@@ -162,8 +163,95 @@ def _plain(v: Any) -> Any:
     return v
 
 
+# -- rendering: a plain-text table (str) and a small HTML table (notebooks), generic over the fields ----------
+
+def _cell(name: str, v: Any) -> str:
+    """One value as the tables show it: bytes with their unit and exact count, numbers to 6 significant digits."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return f"{fmt_bytes(v)} ({v:,} B)" if name.endswith(("_bytes", "_bytes_per_device")) and v >= 0 else f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return _cut(", ".join(f"{f.name}={_cell(f.name, getattr(v, f.name))}" for f in dataclasses.fields(v)), 120)
+    if isinstance(v, Mapping):
+        return _cut(", ".join(f"{k}={_cell(str(k), x) if not isinstance(x, Mapping) else '{...}'}"
+                              for k, x in v.items()), 120)
+    if isinstance(v, (list, tuple)):  # pairs (a module and its bytes) as "name value"
+        return _cut(", ".join(" ".join(_cell(name, y) for y in x) if isinstance(x, (list, tuple)) else
+                              _cell(name, x) for x in v), 120)
+    return _cut(str(v), 120)
+
+
+def _is_rows(v: Any) -> bool:
+    """A tuple of reports (a plan's rows, a profile's advice): shown as a table of its own."""
+    return isinstance(v, tuple) and bool(v) and all(isinstance(x, _Typed) for x in v)
+
+
+def _row_columns(rows: tuple) -> list[str]:
+    """The columns of a sub-table: the rows' fields that hold one value (not mappings, lists or ``extra``)."""
+    return [f.name for f in dataclasses.fields(rows[0])
+            if f.name != "extra" and not isinstance(getattr(rows[0], f.name), (Mapping, tuple, list))]
+
+
+def render_parts(report: Any) -> tuple[str, list[tuple[str, str]], list[tuple[str, list[str], list[list[str]]]]]:
+    """(title, [(field, value)], [(field, columns, rows)]) of a report dataclass: every field that is set (empty
+    mappings and tuples left out), the scalar keys of ``extra`` too, and each tuple of reports as a table."""
+    title = type(report).__name__ + (f": {report.model}" if getattr(report, "model", "") else "")
+    pairs: list[tuple[str, str]] = []
+    tables = []
+    values = [(f.name, getattr(report, f.name)) for f in dataclasses.fields(report) if f.name != "extra"]
+    values += [(k, v) for k, v in getattr(report, "extra", {}).items() if not isinstance(v, (Mapping, list))]
+    for name, v in values:
+        if _is_rows(v):
+            cols = _row_columns(v)
+            tables.append((name, cols, [[_cell(c, getattr(r, c)) for c in cols] for r in v]))
+        elif not (isinstance(v, (Mapping, tuple, list, str)) and not v):
+            pairs.append((name, _cell(name, v)))
+    return title, pairs, tables
+
+
+def render_text(report: Any) -> str:
+    """The plain-text table of a report: one ``field  value`` line each, then its sub-tables."""
+    title, pairs, tables = render_parts(report)
+    width = max((len(n) for n, _ in pairs), default=0) + 2
+    lines = [title, *(f"  {n:<{width}}{v}" for n, v in pairs)]
+    for name, cols, rows in tables:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+        lines.append(f"{name}:")
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+        lines += ["  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def render_html(report: Any) -> str:
+    """A small HTML table of a report (every text escaped with ``html.escape``), for notebooks."""
+    title, pairs, tables = render_parts(report)
+    esc = html.escape
+    out = [f"<div class=\"trainfit-report\"><b>{esc(title)}</b>", "<table>"]
+    out += [f"<tr><th style=\"text-align:left\">{esc(n)}</th><td>{esc(v)}</td></tr>" for n, v in pairs]
+    out.append("</table>")
+    for name, cols, rows in tables:
+        out.append(f"<p><b>{esc(name)}</b></p><table>")
+        out.append("<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in r) + "</tr>" for r in rows]
+        out.append("</table>")
+    out.append("</div>")
+    return "\n".join(out)
+
+
 class _Typed:
-    """Shared by the reports: fields checked and normalised when built; ``to_dict``/``from_dict`` by field."""
+    """Shared by the reports: fields checked and normalised when built; ``to_dict``/``from_dict`` by field; a
+    plain-text table as ``str()`` and an HTML table for notebooks (``_repr_html_``)."""
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+    def _repr_html_(self) -> str:
+        return render_html(self)
 
     def __post_init__(self) -> None:
         # Lists become tuples and nested objects their classes, so a report built by a probe equals
@@ -588,3 +676,73 @@ class VerifyReport(_Typed):
         if not self.compiled:  # only said when it was (reports without it read back the same)
             del d["compiled"]
         return d
+
+
+# -- train -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSummary(_Typed):
+    """What ``trainfit train --json`` prints: the run's length, its first and final loss, its rate.
+
+    The typed, renderable form of the loop's summary (``trainfit.train.Summary``: the same fields); the front
+    door's ``train()`` returns it.
+    """
+
+    steps: int
+    final_loss: float
+    first_loss: float
+    skipped_steps: int
+    items_per_s: float
+    """Loss-bearing items per second over the run: tokens for token tasks, samples for sample tasks (``unit``)."""
+    effective_batch: int
+    unit: str
+    """What an item is: "tokens" or "samples"."""
+    run_dir: str
+    wall_s: float
+    val_loss: float | None = None
+    """Token-weighted validation loss at the last evaluation (None without ``eval_every``)."""
+    val_perplexity: float | None = None
+    model_dir: str | None = None
+    """Where the model was exported at the end (None when nothing was exported)."""
+    compile_s: float | None = None
+    """``--compile``: wall seconds of the steps that compiled graphs, less a steady step each."""
+    compile: Mapping[str, Any] | None = None
+    """``--compile``: what was compiled and the graphs; None without it."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` summary; the rate also under ``<unit>_per_s`` (``tokens_per_s`` or ``samples_per_s``)."""
+        d = super().to_dict()
+        d[f"{self.unit}_per_s"] = self.items_per_s
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainSummary:
+        d = _object(cls, d)
+        d.pop(f"{d.get('unit')}_per_s", None)  # derived from items_per_s
+        return _build(cls, d)
+
+
+# -- prepare ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareReport(_Typed):
+    """What ``trainfit prepare`` wrote: ``trainfit prepare --json`` (less ``removed_stale``)."""
+
+    out: str
+    """The prepared directory (``train --data OUT`` reads it)."""
+    n_documents: int
+    n_tokens: int
+    """Tokens written, end-of-document tokens included."""
+    skipped_documents: int
+    """Empty documents left out."""
+    vocab_size: int
+    eod_id: int
+    """The end-of-document token's id."""
+    dtype: str
+    """The token file's integer type (uint16 or uint32)."""
+    tokenizer: str
+    removed_stale: tuple[str, ...] = ()
+    """Directories a killed prepare had left next to ``out`` (``OUT.tmp-<pid>``), removed."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 import trainfit.logs as logs
+import trainfit.progress as progress_log  # (train()'s `progress` flag is another thing)
 from trainfit.checkpoint import (
     atomic_write_bytes,
     check_resumable,
@@ -46,6 +47,8 @@ from trainfit.strategies.dist_checkpoint import META, has_checkpoints, list_dcp
 from trainfit.tasks.base import to_device
 from trainfit.tasks.corpus import reads_under
 from trainfit.tasks.spec import DataSpec
+
+log = progress_log.logger("train")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +85,15 @@ class Summary:
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    return tqdm(total=total, initial=initial, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True)
+    """The step bar on stderr; off where asked, and where the ``trainfit`` logger is set above INFO (``--quiet``)."""
+    return tqdm(total=total, initial=initial, disable=not (enabled and progress_log.bars_enabled()), file=sys.stderr,
+                unit="step", dynamic_ncols=True)
+
+
+def _say(rank: int, message: str, *args) -> None:
+    """A startup line on the ``trainfit.train`` logger, from rank 0 only (every rank builds the same run)."""
+    if rank == 0:
+        progress_log.say(log, message, *args)
 
 
 def check_outside_data(cfg: RunConfig, run_dir: Path) -> None:
@@ -115,10 +126,16 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strate
     cfg = with_data_tokenizer(cfg)  # the tokenizer the data is read with, as config.toml records it
     if resume:  # before the data is read or anything is built: another job's checkpoint is refused here
         check_resume(cfg, strategy.world_size)
+    t0 = time.perf_counter()
+    _say(strategy.rank, "train: building the model and reading the data (%s, %s, %s, micro-batch %s x accumulation "
+         "%s on %d rank(s)) ...", cfg.model, cfg.precision, cfg.strategy, cfg.micro_batch, cfg.accumulation,
+         strategy.world_size)
     run = build_run(cfg, strategy=strategy)
     st = run.strategy
+    _say(st.rank, "train: built in %.1f s", time.perf_counter() - t0)
     start = 0
     if resume:
+        _say(st.rank, "train: loading the newest checkpoint of %s ...", run_dir)
         start = run.load(run_dir)  # the newest checkpoint, one-file or sharded (these load into any strategy)
         if start is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; run without --resume "
@@ -212,6 +229,8 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
     metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
     board = logs.open_log(cfg.log, run_dir, start=start, rank=st.rank)  # TensorBoard on rank 0, or nothing
     logs.accept()  # everything checked: the lines held on stderr (data, tokenizer, warnings) print now
+    _say(st.rank, "train: step %d of %d next%s ...", start + 1, cfg.steps,
+         " (it compiles the graphs: --compile)" if run.compiled else "")
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
     first_loss = math.nan
     res: StepResult | None = None

@@ -10,6 +10,7 @@ Adding a precision or a strategy = its implementation module + one row here + te
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass
 from enum import StrEnum
@@ -224,6 +225,11 @@ class PrecisionFacts:
     """(weights, gradients, fp32 master copy, activation element) bytes -- the planner's analytic basis."""
     tolerance: Tolerance
     """verify's thresholds."""
+    lightning: str
+    """Lightning's ``precision=`` spelling (its ``*-true`` keep no fp32 master copy: ``--write-for`` says so)."""
+    accelerate: str | None
+    """Accelerate's ``mixed_precision`` (the Hugging Face Trainer's ``bf16``/``fp16`` flags follow it); None: the
+    tool has no such mode (a master copy), ``--write-for`` writes :func:`mixed_counterpart` and states the gap."""
 
 
 # fp32 differs from the reference only by summation order (~1e-7 relative). Half precisions round every
@@ -233,23 +239,28 @@ class PrecisionFacts:
 PRECISIONS: dict[PrecisionName, PrecisionFacts] = {p.name: p for p in (
     PrecisionFacts(name=PrecisionName.FP32, label="fp32 weights and compute", compute=Dtype.FP32, weights=Dtype.FP32,
                    autocast=None, master_copy=False, loss_scaling=False, bytes_per_param=(4, 4, 0, 4),
-                   tolerance=Tolerance(min_cosine=1 - 1e-6, max_grad_rel_error=1e-4, max_update_rel_error=1e-3)),
+                   tolerance=Tolerance(min_cosine=1 - 1e-6, max_grad_rel_error=1e-4, max_update_rel_error=1e-3),
+                   lightning="32-true", accelerate="no"),
     PrecisionFacts(name=PrecisionName.BF16_MIXED, label="fp32 weights, bf16 autocast", compute=Dtype.BF16,
                    weights=Dtype.FP32, autocast=Dtype.BF16, master_copy=False, loss_scaling=False,
                    bytes_per_param=(4, 4, 0, 2),  # autocast casts per op: weights, grads, state stay fp32
-                   tolerance=Tolerance(min_cosine=0.999, max_grad_rel_error=0.05, max_update_rel_error=1.0)),
+                   tolerance=Tolerance(min_cosine=0.999, max_grad_rel_error=0.05, max_update_rel_error=1.0),
+                   lightning="bf16-mixed", accelerate="bf16"),
     PrecisionFacts(name=PrecisionName.FP16_MIXED, label="fp32 weights, fp16 autocast, dynamic loss scaling",
                    compute=Dtype.FP16, weights=Dtype.FP32, autocast=Dtype.FP16, master_copy=False, loss_scaling=True,
                    bytes_per_param=(4, 4, 0, 2),
-                   tolerance=Tolerance(min_cosine=0.9999, max_grad_rel_error=0.01, max_update_rel_error=1.0)),
+                   tolerance=Tolerance(min_cosine=0.9999, max_grad_rel_error=0.01, max_update_rel_error=1.0),
+                   lightning="16-mixed", accelerate="fp16"),
     PrecisionFacts(name=PrecisionName.BF16_TRUE, label="bf16 weights + fp32 master copy", compute=Dtype.BF16,
                    weights=Dtype.BF16, autocast=None, master_copy=True, loss_scaling=False,
                    bytes_per_param=(2, 2, 4, 2),  # half weights + fp32 master (Micikevicius et al. 2018)
-                   tolerance=Tolerance(min_cosine=0.995, max_grad_rel_error=0.1, max_update_rel_error=1.0)),
+                   tolerance=Tolerance(min_cosine=0.995, max_grad_rel_error=0.1, max_update_rel_error=1.0),
+                   lightning="bf16-true", accelerate=None),
     PrecisionFacts(name=PrecisionName.FP16_TRUE, label="fp16 weights + fp32 master copy, dynamic loss scaling",
                    compute=Dtype.FP16, weights=Dtype.FP16, autocast=None, master_copy=True, loss_scaling=True,
                    bytes_per_param=(2, 2, 4, 2),
-                   tolerance=Tolerance(min_cosine=0.9995, max_grad_rel_error=0.03, max_update_rel_error=1.0)),
+                   tolerance=Tolerance(min_cosine=0.9995, max_grad_rel_error=0.03, max_update_rel_error=1.0),
+                   lightning="16-true", accelerate=None),
 )}
 
 
@@ -286,6 +297,17 @@ def mixed_counterpart(name: str) -> PrecisionName:
     """The autocast precision computing in the same dtype (``bf16-true`` -> ``bf16-mixed``)."""
     compute = precision_facts(name).compute
     return next(p.name for p in PRECISIONS.values() if p.compute == compute and not p.master_copy)
+
+
+class OffloadPart(StrEnum):
+    """What ``--offload`` moves to host memory (``levers/offload.py``)."""
+
+    OPTIMIZER = "optimizer"
+    """Optimizer state (and its step) on the host; under zero3 with ``params``, FSDP2's CPUOffloadPolicy."""
+    PARAMS = "params"
+    """Parameters and gradients on the host between uses (zero3 only: FSDP2's CPUOffloadPolicy)."""
+    ACTIVATIONS = "activations"
+    """Tensors saved for backward go to the host (``torch.autograd.graph.save_on_cpu``, pinned with a device)."""
 
 
 # -- strategy ----------------------------------------------------------------------------------------------
@@ -329,11 +351,33 @@ class StrategyFacts:
     """Bytes sent per device per step, with G = gradient bytes and P = parameter bytes."""
     traffic_source: str = ""
     """Where the formula comes from."""
+    offload_parts: frozenset[OffloadPart] = frozenset({OffloadPart.OPTIMIZER, OffloadPart.ACTIVATIONS})
+    """The ``--offload`` parts it runs (``levers/offload_rules.py`` reads them). ``optimizer``: on the host by
+    trainfit's host optimizer, or under ``fsdp`` by FSDP2's CPUOffloadPolicy (which moves the sharded parameters,
+    their gradients and the state together). ``params``: only where the parameters are sharded, and then only
+    together with ``optimizer`` (the same policy)."""
+    offload_refusal: str = ""
+    """Why a part missing from ``offload_parts`` cannot be offloaded under it (the refusal's reason)."""
+    lightning_strategy: str = "auto"
+    """Lightning's ``Trainer(strategy=...)`` that runs it: auto (one device), ddp or fsdp."""
+    fsdp_sharding_strategy: str = ""
+    """FSDP1's ``ShardingStrategy`` for the same ZeRO stage (Lightning's ``FSDPStrategy(sharding_strategy=...)``,
+    the Hugging Face Trainer's ``fsdp="full_shard"``...); "" when not on FSDP."""
+    accelerate_distributed_type: str = "NO"
+    """Accelerate's ``distributed_type`` on accelerators: NO, MULTI_GPU (CPU processes: MULTI_CPU) or FSDP."""
 
     @property
     def grad_sync_choices(self) -> tuple[GradSync, ...]:
         """FSDP2 can reduce-scatter after each micro-batch; DDP's no_sync defers to the last one only."""
         return tuple(GradSync) if self.fsdp else (GradSync.DEFERRED,)
+
+    @property
+    def shards_params(self) -> bool:
+        return "params" in self.shards
+
+    @property
+    def shards_grads(self) -> bool:
+        return "grads" in self.shards
 
 
 _AR = Collective(op="all_reduce", of="grads", times="once")
@@ -345,12 +389,18 @@ STRATEGIES: dict[StrategyName, StrategyFacts] = {s.name: s for s in (
     StrategyFacts(name=StrategyName.SINGLE, label="one device", distributed=False, shards=(),
                   sharding_note="one device holds everything"),
     StrategyFacts(name=StrategyName.DDP, label="data parallel (DistributedDataParallel)", distributed=True,
-                  shards=(), collectives=(_AR,), traffic_formula="2(n-1)/n x G",
+                  shards=(), lightning_strategy="ddp", accelerate_distributed_type="MULTI_GPU", collectives=(_AR,),
+                  traffic_formula="2(n-1)/n x G",
                   traffic_source=RING_SOURCE + "; PyTorch DDP all-reduces gradient buckets once per step",
                   sharding_note="DDP replicates params, grads, optimizer state; its flat buckets hold a second "
                                 "copy of the grads (PyTorch DDP, gradient_as_bucket_view=False)"),
     StrategyFacts(name=StrategyName.ZERO1, label="DDP + optimizer state sharded (ZeroRedundancyOptimizer)",
                   distributed=True, shards=("optimizer",), shards_optimizer_by_parameter=True,
+                  lightning_strategy="ddp", accelerate_distributed_type="MULTI_GPU",
+                  offload_parts=frozenset({OffloadPart.ACTIVATIONS}),
+                  offload_refusal="ZeroRedundancyOptimizer broadcasts the stepped partition with the device's "
+                                  "collective (NCCL cannot send host tensors): use --strategy ddp (the whole state "
+                                  "on the host) or zero2",
                   collectives=(_RS, _AG), traffic_formula="(n-1)/n x G + (n-1)/n x P",
                   traffic_source=ZERO_SOURCE + ": stage 1/2 = reduce-scatter grads + all-gather updated params, "
                                                "same volume as DDP (2 psi)",
@@ -358,12 +408,15 @@ STRATEGIES: dict[StrategyName, StrategyFacts] = {s.name: s for s in (
                                 "is DDP + ZeroRedundancyOptimizer, so DDP's bucket copy of the gradients stays"),
     StrategyFacts(name=StrategyName.ZERO2, label="FSDP2, gradients and optimizer state sharded", distributed=True,
                   shards=("optimizer", "grads"), fsdp=True, collectives=(_RS, _AG),
+                  lightning_strategy="fsdp", fsdp_sharding_strategy="SHARD_GRAD_OP", accelerate_distributed_type="FSDP",
                   traffic_formula="(n-1)/n x G + (n-1)/n x P",
                   traffic_source=ZERO_SOURCE + ": stage 2 = stage 1 traffic (2 psi)",
                   sharding_note="ZeRO stage 2: + gradients / n (FSDP2, reshard_after_forward=False keeps the "
                                 "gathered compute copy of the params between forward and backward)"),
     StrategyFacts(name=StrategyName.ZERO3, label="FSDP2, parameters, gradients and optimizer state sharded",
                   distributed=True, shards=("optimizer", "grads", "params"), fsdp=True, reshard_after_forward=True,
+                  lightning_strategy="fsdp", fsdp_sharding_strategy="FULL_SHARD", accelerate_distributed_type="FSDP",
+                  offload_parts=frozenset(OffloadPart),
                   collectives=(_AG_MB, _RS, _AG_MB),
                   traffic_formula="2K x (n-1)/n x P + (n-1)/n x G  (K micro-batches; K=1: ~1.5x DDP)",
                   traffic_source=ZERO_SOURCE + ": stage 3 all-gathers params in forward and again in backward, "
@@ -377,7 +430,55 @@ def strategy_facts(name: str) -> StrategyFacts:
     return STRATEGIES[StrategyName(name)]
 
 
-DISTRIBUTED = tuple(s.name for s in STRATEGIES.values() if s.distributed)
+def register_strategy(facts: StrategyFacts) -> StrategyName:
+    """Add a strategy: its name joins :class:`StrategyName` and its row :data:`STRATEGIES`, so everything that
+    reads them -- config validation, the planner's search space and rules, the run (``strategies.make_strategy``
+    picks the implementation from the row), offload, ``--write-for`` -- sees it. For a plugin's or a test's row;
+    the built-in rows are listed above. Returns the new name.
+
+    Raises:
+        ValueError: the name is taken, or is not a lower-case name of letters, digits, ``-`` and ``_``.
+    """
+    value = str(facts.name)
+    if value in StrategyName._value2member_map_ or not value or not all(c.islower() or c.isdigit() or c in "-_"
+                                                                          for c in value):
+        raise ValueError(f"strategy name {value!r}: taken, or not lower-case letters, digits, - and _")
+    member = str.__new__(StrategyName, value)
+    member._name_, member._value_ = value.upper().replace("-", "_"), value
+    member.__objclass__ = StrategyName
+    StrategyName._member_map_[member._name_] = member
+    StrategyName._member_names_.append(member._name_)
+    StrategyName._value2member_map_[value] = member
+    STRATEGIES[member] = dataclasses.replace(facts, name=member)
+    return member
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove a row :func:`register_strategy` added (a built-in row cannot be removed)."""
+    member = StrategyName(name)
+    if member in _BUILTIN_STRATEGIES:
+        raise ValueError(f"strategy {name!r} is built in")
+    del STRATEGIES[member]
+    del StrategyName._value2member_map_[member.value]
+    del StrategyName._member_map_[member.name]
+    StrategyName._member_names_.remove(member.name)
+
+
+_BUILTIN_STRATEGIES = tuple(STRATEGIES)
+
+
+def distributed_strategies() -> tuple[StrategyName, ...]:
+    """The strategies that need a process group, read from the table when called (registered rows included)."""
+    return tuple(s.name for s in STRATEGIES.values() if s.distributed)
+
+
+def __getattr__(name: str):
+    # DISTRIBUTED, read from the table when asked for (a constant would copy it at import, before any row is
+    # registered); a caller that keeps it (``from trainfit.vocabulary import DISTRIBUTED``) still holds a copy:
+    # call distributed_strategies() where the answer is needed.
+    if name == "DISTRIBUTED":
+        return distributed_strategies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def refusal(strategy: str, precision: str) -> str | None:
@@ -538,17 +639,6 @@ class CompileMode(StrEnum):
     REDUCE_OVERHEAD = "reduce-overhead"
     MAX_AUTOTUNE = "max-autotune"
     MAX_AUTOTUNE_NO_CUDAGRAPHS = "max-autotune-no-cudagraphs"
-
-
-class OffloadPart(StrEnum):
-    """What ``--offload`` moves to host memory (``levers/offload.py``)."""
-
-    OPTIMIZER = "optimizer"
-    """Optimizer state (and its step) on the host; under zero3 with ``params``, FSDP2's CPUOffloadPolicy."""
-    PARAMS = "params"
-    """Parameters and gradients on the host between uses (zero3 only: FSDP2's CPUOffloadPolicy)."""
-    ACTIVATIONS = "activations"
-    """Tensors saved for backward go to the host (``torch.autograd.graph.save_on_cpu``, pinned with a device)."""
 
 
 def parse_offload(spec: str) -> frozenset[OffloadPart]:

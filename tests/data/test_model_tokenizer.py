@@ -83,7 +83,7 @@ TRAIN = ("--seq-len", "16", "--micro-batch", "2", "--accumulation", "1", "--step
 
 
 def recorded_tokenizer(run: Path) -> str:
-    return tomllib.loads((run / "config.toml").read_text())["tokenizer"]
+    return tomllib.loads((run / "config.toml").read_text())["data"]["tokenizer"]
 
 
 def test_row2_hf_dir_reads_its_own_tokenizer(model_dir, corpus, tmp_path):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,11 @@ from .helpers import bitwise, metrics
 
 from reliability.cli_harness import check_promise, cli, error_lines, snapshot  # noqa: E402  (tests/ on sys.path)
 
-KILL_AFTER = 53
-"""The default job is killed once its log holds this step: 3 steps past its step-50 checkpoint."""
+EVERY = 5
+"""The killed job's checkpoint interval: the default job's (50) lowered, so that it is killed after 8 steps rather
+than 53 (suite time); the default itself is checked on the CLI's own config.toml."""
+KILL_AFTER = EVERY + 3
+"""The job is killed once its log holds this step: 3 steps past its first periodic checkpoint."""
 FLAGS = ["--model-config", "n_layer=1,d_model=32,n_head=2,dropout=0.1", "--seq", "32", "--micro-batch", "2",
          "--accumulation", "2"]
 
@@ -78,16 +82,24 @@ def test_resume_with_another_value_is_refused_naming_the_choices(tmp_path):
     assert r.rc == 2 and "resume='sometimes'" in r.err and "auto" in r.err
 
 
-@pytest.mark.slow  # ~35 s on 2 idle cores: the default job's first 53 steps
+@pytest.mark.slow  # the default job's first 8 steps in a subprocess (53 before: ~35 s on 2 idle cores)
 @pytest.mark.timeout(400)
 def test_default_job_killed_after_step_50_resumes_from_its_periodic_checkpoint(tmp_path):
-    """The default job (250 steps, checkpoint_every=50, checkpoint_minutes=30), only --run-dir given, SIGKILLed
-    a few steps past 50. The killed run's own log is the uninterrupted reference for the steps after 50: the
-    resumed run must start at 51 and log the very same losses (bitwise) for them."""
+    """The default job (250 steps, checkpoint_every=50, checkpoint_minutes=30), only --run-dir given (and, for
+    suite time, --checkpoint-every 5: the same periodic save, ten times as often), SIGKILLed a few steps past
+    its first periodic checkpoint. The killed run's own log is the uninterrupted reference for the steps after
+    it: the resumed run must start at the next step and log the very same losses (bitwise) for them."""
+    # The default interval, as the command line resolves it with only --run-dir given (one step, in-process).
+    r = cli(["train", "--run-dir", str(tmp_path / "one"), "--steps", "1"])
+    assert r.rc == 0, r.err
+    written = tomllib.loads((tmp_path / "one" / "config.toml").read_text())
+    resolved = written.get("run", written)  # (the [run] section of the nested config; flat before it)
+    assert (resolved["checkpoint_every"], resolved["checkpoint_minutes"]) == (50, 30.0)
     run_dir = tmp_path / "default"
     # the same torch threads as this process, which resumes it: the same kernels, the same rounding
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    p = subprocess.Popen([sys.executable, "-m", "trainfit", "train", "--run-dir", str(run_dir)],
+    p = subprocess.Popen([sys.executable, "-m", "trainfit", "train", "--run-dir", str(run_dir),
+                          "--checkpoint-every", str(EVERY)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     log = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -100,12 +112,13 @@ def test_default_job_killed_after_step_50_resumes_from_its_periodic_checkpoint(t
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     killed = {r["step"]: r["loss"] for r in metrics(run_dir)}
-    assert KILL_AFTER <= max(killed) < 250, "the job was not killed mid-way"
-    assert [c.name for c in list_checkpoints(run_dir)] == ["step-00000050.pt"]
+    assert KILL_AFTER <= max(killed) < 2 * EVERY, "the job was not killed between its first two checkpoints"
+    assert [c.name for c in list_checkpoints(run_dir)] == [f"step-{EVERY:08d}.pt"]
     upto = KILL_AFTER
-    r = cli(["train", "--run-dir", str(run_dir), "--resume", "auto", "--steps", str(upto), "--json"])
+    r = cli(["train", "--run-dir", str(run_dir), "--checkpoint-every", str(EVERY), "--resume", "auto", "--steps",
+             str(upto), "--json"])
     assert r.rc == 0, r.err
     after = metrics(run_dir)
-    assert [x["step"] for x in after] == list(range(1, upto + 1))  # 1..50 kept, 51.. redone once each
-    assert [(x["step"], x["loss"]) for x in after[50:]] == [(s, killed[s]) for s in range(51, upto + 1)]
+    assert [x["step"] for x in after] == list(range(1, upto + 1))  # 1..5 kept, 6.. redone once each
+    assert [(x["step"], x["loss"]) for x in after[EVERY:]] == [(s, killed[s]) for s in range(EVERY + 1, upto + 1)]
     assert list_checkpoints(run_dir)[-1].name == f"step-{upto:08d}.pt"

@@ -15,6 +15,10 @@ from trainfit.probes.estimate import window_reports
 from trainfit.probes.fastbasis import cache_dir, fast_basis, prefetch
 
 GPT2 = "n_layer=5,n_embd=64,n_head=4,vocab_size=300,n_positions=64"
+GPT2_PLAN, PLAN_SEQ = "n_layer=2,n_embd=64,n_head=4,vocab_size=300,n_positions=256", "256"
+"""The planner's tests at the end: which pairs a plan traces does not depend on the depth, and at 2 blocks a pair
+is one full-depth trace of 2 blocks (the shortcut's two traces hold 3 + 4 blocks), a third of the tracing in suite
+time; at sequence 256 the blocks' activations still outweigh the rest, so full checkpointing frees memory."""
 LLAMA = ("hidden_size=64,intermediate_size=160,num_hidden_layers=6,num_attention_heads=4,num_key_value_heads=2,"
          "vocab_size=300,max_position_embeddings=64")
 WINDOWS = [(1, 1), (3, 1), (6, 1), (2, 2), (5, 3)]  # (micro-batch, accumulation): inside, and beyond the fit's 2, 4
@@ -55,7 +59,7 @@ def test_full_recompute_is_counted_up_to_each_blocks_last_saved_tensor():
     qkv 6sd^2 + attention 4s^2d + out projection 2sd^2 + MLP up 8sd^2 (the skipped down projection: 8sd^2)."""
     s, d, n = 32, 32, 5
     base = make_config({"model": "gpt-tiny", "model_config": f"n_layer={n},d_model={d}", "seq_len": s})
-    b = fast_basis(base, "fp32", "none", use_cache=False)
+    b = fast_basis(base, "fp32", "none")  # (cached: the next test's checkpointed pair reads its model FLOPs from it)
     assert "extrapolated linearly per segment" in b.source
     assert b.full_recompute_flops_per_sample == n * (6 * s * d * d + 4 * s * s * d + 2 * s * d * d + 8 * s * d * d)
 
@@ -169,8 +173,8 @@ def test_fp32_is_traced_only_when_one_of_its_rows_could_rank_first(capsys):
     from trainfit.cli import main
 
     def plan(*extra):
-        assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device",
-                     "h100", "--offloads", "none", "--top", "400", "--json", *extra]) == 0
+        assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2_PLAN, "--seq", PLAN_SEQ,
+                     "--device", "h100", "--offloads", "none", "--top", "400", "--json", *extra]) == 0
         return json.loads(capsys.readouterr().out)
 
     everything = ["--precisions", "fp32,bf16-mixed,fp16-mixed,bf16-true,fp16-true"]
@@ -187,8 +191,8 @@ def test_fp32_is_traced_only_when_one_of_its_rows_could_rank_first(capsys):
         fp32 = [r["step_s"] for r in priced["plans"] if r["precision"] == "fp32"]
         assert fp32 and min(fp32) >= floor * (1 - 1e-3), (min(fp32), floor)  # (the note prints 4 digits)
     # A budget nothing in half precision fits: fp32 is traced after all, and said so.
-    assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device", "h100",
-                 "--offloads", "none", "--global-batch", "8", "--device-memory", "1MiB"]) == 2
+    assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2_PLAN, "--seq", PLAN_SEQ, "--device",
+                 "h100", "--offloads", "none", "--global-batch", "8", "--device-memory", "1MiB"]) == 2
     assert "precisions: fp32 traced too, after the others: nothing fits without it" in capsys.readouterr().err
 
 
@@ -201,8 +205,8 @@ def test_full_checkpointing_is_traced_only_when_one_of_its_rows_could_rank_first
     from trainfit.cli import main
 
     def plan(*extra, rc=0):
-        assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2, "--seq", "64", "--device",
-                     "h100", "--offloads", "none", "--top", "400", "--json", *extra]) == rc
+        assert main(["plan", "--model", "hf:GPT2LMHeadModel", "--model-config", GPT2_PLAN, "--seq", PLAN_SEQ,
+                     "--device", "h100", "--offloads", "none", "--top", "400", "--json", *extra]) == rc
         return json.loads(capsys.readouterr().out)
 
     for job in (["--global-batch", "64", "--device-memory", "40MiB"],
@@ -218,6 +222,6 @@ def test_full_checkpointing_is_traced_only_when_one_of_its_rows_could_rank_first
         full = [r["step_s"] for r in priced["plans"] if r["checkpointing"] == "full"]
         assert full and min(full) >= floor * (1 - 1e-3), (min(full), floor)  # (the note prints 4 digits)
     # A budget nothing without checkpointing fits: full is traced after all, and said so.
-    default = plan("--global-batch", "64", "--device-memory", "6MiB")
+    default = plan("--global-batch", "64", "--device-memory", "5MiB")
     assert "checkpointings: full traced too, after the others: nothing fits without it" in default["notes"]
     assert default["plans"][0]["checkpointing"] == "full" and default["plans"][0]["fits"]

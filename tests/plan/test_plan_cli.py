@@ -230,3 +230,98 @@ def test_a_plan_that_traces_nothing_imports_neither_torch_nor_transformers(capsy
         assert json.loads(done.stderr.strip().splitlines()[-1]) == {"rc": 0, "imported": []}, args
         if args is traced:
             assert json.loads(done.stdout)["plans"] == cold["plans"]
+
+
+# -- --devices per node, --nodes the nodes (#28 item 6) ----------------------------------------------------------------
+def _plan_json(capsys, *args: str) -> dict:
+    assert main(["plan", "--model", "gpt-tiny", "--global-batch", "32", "--device-memory", "80GiB", "--device", "h100",
+                 "--basis", "analytic", "--strategies", "ddp,zero3", "--precisions", "bf16-mixed", "--checkpointings",
+                 "none", "--offloads", "none", "--top", "50", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_devices_count_one_node_and_nodes_multiply_them(capsys):
+    """--devices 4 --nodes 2 plans 8 devices: the same per-device memory as 8 devices on one node, ddp whole and
+    zero3's optimizer state and gradients in 8 shards of the model's own parameter count."""
+    import torch
+
+    from trainfit.tasks.make import make_task
+
+    two_nodes, one_node = _plan_json(capsys, "--devices", "4", "--nodes", "2"), _plan_json(capsys, "--devices", "8")
+    assert two_nodes["devices"] == one_node["devices"] == 8
+    assert any(n.startswith("devices: 8 = 4 per node x 2 nodes") for n in two_nodes["notes"])
+    key = lambda p: (p["strategy"], p["micro_batch"], p["accumulation"], p["grad_sync"])  # noqa: E731
+    a, b = ({key(p): p for p in out["plans"]} for out in (two_nodes, one_node))
+    assert a.keys() == b.keys() and {k[0] for k in a} == {"ddp", "zero3"}
+    for k in a:  # the memory of a row does not depend on how the 8 devices sit in nodes
+        assert a[k]["peak_bytes_per_device"] == b[k]["peak_bytes_per_device"] and a[k]["parts"] == b[k]["parts"], k
+    model = make_task("gpt-tiny", seq_len=64).build_model()
+    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())  # shared ones once
+    state = 2 * torch.finfo(torch.float32).bits // 8 * n_params  # AdamW's two fp32 moments
+    for k, row in a.items():
+        assert row["parts"]["optimizer"] == (state if k[0] == "ddp" else state // 8), k
+    # the old meaning (--devices the total) would have planned 4 devices here
+    assert _plan_json(capsys, "--devices", "4")["devices"] == 4
+
+
+def test_nodes_0_is_one_line(capsys):
+    assert main(["plan", "--global-batch", "8", "--device-memory", "80GiB", "--devices", "4", "--nodes", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("trainfit: error: nodes='0' is not valid")
+
+
+def test_help_groups_every_flag(capsys):
+    """plan --help: the config's sections and output as headings, every flag of plan under one of them."""
+    from trainfit.cli import build_parser
+    from trainfit.config import SECTIONS
+
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    headings = [ln[:-1] for ln in text.splitlines() if ln.endswith(":") and not ln.startswith(" ")]
+    wanted = ["model", "data", "levers", "distribution", "run", "output"]
+    assert set(wanted) <= set(headings) and set(headings) <= {*SECTIONS, "output"} | {h for h in headings
+                                                                                    if h.startswith("verbosity")}
+    sub = build_parser("plan")._subparsers._group_actions[0].choices["plan"]
+    grouped = {a.dest: g.title for g in sub._action_groups for a in g._group_actions}
+    flags = [a for a in sub._actions if a.option_strings]
+    assert flags and all(grouped[a.dest] in headings for a in flags), {a.dest: grouped[a.dest] for a in flags}
+    assert "options" not in headings and "optional arguments" not in headings  # nothing left ungrouped
+    where = {a.dest: grouped[a.dest] for a in flags}
+    assert (where["devices"], where["nodes"], where["device_memory"], where["device"]) == ("distribution",) * 4
+    assert (where["json"], where["write_for"], where["top"], where["explain"]) == ("output",) * 4
+    assert (where["model"], where["seq_len"], where["precisions"]) == ("model", "data", "levers")
+
+
+def test_write_for_launches_devices_per_node_on_each_node(capsys, tmp_path):
+    """--devices 4 --nodes 2 written for accelerate: 8 processes in all on 2 machines (accelerate counts
+    num_processes over all machines); for Lightning: devices 4 per node, num_nodes 2."""
+    yaml = pytest.importorskip("yaml")
+    pytest.importorskip("accelerate")
+    pytest.importorskip("lightning")
+    job = ["plan", "--global-batch", "32", "--device-memory", "80GiB", "--devices", "4", "--nodes", "2", "--basis",
+           "analytic", "--strategies", "ddp"]
+    assert main([*job, "--write-for", "accelerate", str(tmp_path / "acc.yaml")]) == 0
+    acc = yaml.safe_load((tmp_path / "acc.yaml").read_text())
+    assert (acc["num_processes"], acc["num_machines"]) == (8, 2)
+    assert main([*job, "--write-for", "lightning", str(tmp_path / "pl.json")]) == 0
+    trainer = json.loads((tmp_path / "pl.json").read_text())["trainer"]
+    assert (trainer["devices"], trainer["num_nodes"]) == (4, 2)
+    capsys.readouterr()
+
+
+def test_from_file_devices_are_per_node_under_flags(capsys, tmp_path):
+    """--from an accelerate config of 16 processes on 2 machines (8 per node): alone it plans 16 devices;
+    --devices 4 means 4 on each of its 2 nodes (8); --nodes 4 keeps its 8 per node (32)."""
+    cfg = tmp_path / "acc.yaml"
+    cfg.write_text("distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 16\nnum_machines: 2\n")
+    job = ["plan", "--from", str(cfg), "--global-batch", "64", "--device-memory", "80GiB", "--basis", "analytic",
+           "--model-config", TINY, "--json"]
+    cases = (([], 16), (["--devices", "4"], 8), (["--nodes", "4"], 32), (["--devices", "2", "--nodes", "1"], 2))
+    for flags, total in cases:
+        assert main([*job, *flags]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["devices"] == total, flags
+        assert (out["from"]["overridden"].get("devices"), out["from"]["sets"]["devices"]) == \
+            (None if total == 16 else total, 16), flags  # the file's count and the flags' compared alike: all ranks

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-import trainfit.commands.plan as plan_cmd
+import trainfit.front.plan as plan_cmd
 from trainfit.cli import main
 from trainfit.errors import ConfigError
 from trainfit.outputs import MARKER
@@ -137,7 +137,7 @@ def test_parse_bytes_is_exact_and_bounded():
     ("--headroom", "-0.1", "headroom"), ("--headroom", "1", "headroom"), ("--headroom", "abc", "headroom"),
     ("--top", "0", "top"), ("--top", "-3", "top"), ("--top", "x", "top"),
     ("--devices", "0", "devices"), ("--devices", "-8", "devices"), ("--devices", "2.5", "devices"),
-    ("--nodes", "0", "nodes"), ("--nodes", "-1", "nodes"), ("--nodes", "3", "nodes"),
+    ("--nodes", "0", "nodes"), ("--nodes", "-1", "nodes"), ("--nodes", "2.5", "nodes"),
     ("--bandwidth-intra", "0GB/s", "bandwidth-intra"), ("--bandwidth-intra", "-5GB/s", "bandwidth-intra"),
     ("--bandwidth-intra", "fast", "bandwidth-intra"), ("--bandwidth-intra", "1e400GB/s", "bandwidth-intra"),
     ("--bandwidth-intra", "0.5B/s", "bandwidth-intra"), ("--bandwidth-inter", "nan", "bandwidth-inter"),

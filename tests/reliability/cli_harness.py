@@ -60,7 +60,7 @@ def error_lines(err: str) -> list[str]:
     """stderr without the progress bar and warnings."""
     return [ln for ln in err.replace("\r", "\n").splitlines()
             if ln.strip() and "step/s" not in ln and "?step" not in ln and "%|" not in ln
-            and not ln.startswith("trainfit: warning:") and not ln.startswith(("plan: measuring", "report written"))]
+            and not ln.startswith("trainfit: warning:") and not ln.startswith(("plan: measuring", "trainfit: plan: measuring", "report written"))]
 
 
 def owned_by_trainfit(rel: str, root: Path) -> bool:

@@ -96,7 +96,7 @@ def test_ddp_launch_writes_launch_toml_and_checkpoints_in_the_directory_asked_fo
     assert made == ['bs\\t"dir'], made
     d = tmp_path / 'bs\\t"dir'
     assert (d / "launch.toml").is_file() and (d / "config.toml").is_file() and any((d / "checkpoints").iterdir())
-    assert tomllib.loads((d / "config.toml").read_text())["run_dir"] == 'bs\\t"dir'
+    assert tomllib.loads((d / "config.toml").read_text())["run"]["run_dir"] == 'bs\\t"dir'
 
 
 @pytest.mark.parametrize("bad", ["tab\there", "new\nline", "bell\x07"])

@@ -9,17 +9,15 @@ imports the other (``cli`` registers the commands; a command never imports ``cli
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from trainfit.config import RunConfig, load_toml, make_config
-from trainfit.errors import ConfigError, check_unique_keys
+from trainfit.config import SECTIONS, load_toml, make_config
+from trainfit.errors import check_unique_keys
+from trainfit.front.request import refuse_overridden, refuse_unused
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
-from trainfit.tasks.corpus import find_sources
-from trainfit.tasks.prepared import is_prepared
 from trainfit.vocabulary import (
     CHECKPOINT_SPECS,
     PRECISIONS,
@@ -86,15 +84,33 @@ RUN_FLAGS = {
 }
 
 
-def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True) -> None:
-    """The flags that map onto RunConfig fields (``--micro-batch`` -> ``micro_batch``)."""
+def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True, sections: tuple[str, ...] = (),
+                  leave_out: tuple[str, ...] = ()) -> dict[str, argparse._ArgumentGroup]:
+    """The flags that map onto RunConfig fields (``--micro-batch`` -> ``micro_batch``), in one ``--help`` group
+    per section of the config (``trainfit.config.SECTIONS``: model, data, levers, distribution, schedule, run).
+
+    ``sections``: only these sections' flags (default: all); ``leave_out``: fields whose flags a command does not
+    read (its ``--help`` does not list them; a TOML file may still carry their keys, as before). Returns the
+    groups by section, so that a command adds its own flags (``--devices``) where they belong.
+    """
     if config_positional:
         p.add_argument("config", nargs="?", help="TOML config file (flags override it)")
-    for key, help_text in RUN_FLAGS.items():
-        flags = ["--" + key.replace("_", "-")]
-        if key == "seq_len":
-            flags.append("--seq")
-        p.add_argument(*flags, dest=key, help=help_text)
+    groups = {}
+    for section, keys in SECTIONS.items():
+        if sections and section not in sections:
+            continue
+        groups[section] = p.add_argument_group(section)
+        for key in (k for k in keys if k in RUN_FLAGS and k not in leave_out):
+            flags = ["--" + key.replace("_", "-")]
+            if key == "seq_len":
+                flags.append("--seq")
+            groups[section].add_argument(*flags, dest=key, help=RUN_FLAGS[key])
+    return groups
+
+
+def add_output_group(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The ``output`` group of ``--help``: --json, --report, --plot and the like."""
+    return p.add_argument_group("output")
 
 
 def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **overrides: Any):
@@ -115,8 +131,8 @@ def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **o
     cfg = make_config(values)
     check_unique_keys("model_config", cfg.model_config)  # the user's text (a preset's expansion may repeat keys)
     given = {k for k in RUN_FLAGS if getattr(args, k, None) is not None}
-    _refuse_overridden(cfg, given=given)
-    _refuse_unused(cfg, given=given)
+    refuse_overridden(cfg, given=given)  # the front door's refusals (trainfit.front.request), said the same way
+    refuse_unused(cfg, given=given)
     note = precision_alias_note(values.get("precision"))
     if note:  # accepted: another tool's spelling, echoed as trainfit's name
         print(note, file=sys.stderr)
@@ -134,50 +150,3 @@ def _run_dir_config(args: argparse.Namespace) -> dict[str, Any]:
     extra = ("; flags override " + ", ".join(f"{k}={getattr(args, k)}" for k in flagged)) if flagged else ""
     print(f"trainfit: using the configuration of {path}{extra}", file=sys.stderr)
     return values
-
-
-def _refuse_overridden(cfg, *, given: set[str]) -> None:
-    """An explicit ``--accumulation`` that ``--global-batch`` or ``--micro-batch auto`` would change is refused,
-    not silently replaced."""
-    if "accumulation" not in given:
-        return
-    if cfg.micro_batch == "auto":
-        raise ConfigError("accumulation", cfg.accumulation, "no --accumulation with --micro-batch auto",
-                          "auto-fit chooses the split of --global-batch itself")
-    if cfg.global_batch:
-        world = int(os.environ.get("WORLD_SIZE") or cfg.devices)
-        if cfg.micro_batch * cfg.accumulation * world != cfg.global_batch:
-            derived = cfg.global_batch / (cfg.micro_batch * world)
-            raise ConfigError(
-                "accumulation", cfg.accumulation,
-                f"global_batch / (micro_batch x ranks) = {cfg.global_batch} / ({cfg.micro_batch} x {world}) = "
-                f"{derived:g}", "give --global-batch or --accumulation, not two that disagree")
-
-
-def _refuse_unused(cfg, *, given: set[str]) -> None:
-    """A setting that would be ignored is refused, naming why: ``--compile-mode``/``--compile-scope`` without
-    ``--compile on``, ``--text-field`` where no data has fields (text files, a prepared directory, no --data)."""
-    default = RunConfig()
-    for key in ("compile_mode", "compile_scope"):
-        if not cfg.compile and (key in given or getattr(cfg, key) != getattr(default, key)):
-            raise ConfigError(key, getattr(cfg, key), "a setting of --compile on",
-                              "torch.compile is off, so it would be ignored: add --compile on, or drop it")
-    if "text_field" in given or cfg.text_field != default.text_field:
-        why = _no_fields(cfg)
-        if why:
-            raise ConfigError("text_field", cfg.text_field, "a setting of JSON Lines, Parquet or CSV data",
-                              f"{why}, so it would be ignored: drop it")
-
-
-def _no_fields(cfg) -> str:
-    """Why ``--text-field`` applies to none of the run's data ("" when some source has fields)."""
-    named = {f: p for f, p in (("data", cfg.data), ("val_data", cfg.val_data)) if p}
-    if not named:
-        return "no --data is given (the generated data has no fields)"
-    for field, p in named.items():
-        if not is_prepared(p) and any(s.kind != "text" for s in find_sources(p, field=field).files):
-            return ""
-    paths = list(named.values())
-    kinds = ["a prepared directory (its fields were read by trainfit prepare)" if is_prepared(p) else
-             "text files (one document per file)" for p in paths]
-    return f"{' and '.join(paths)} {'are' if len(paths) > 1 else 'is'} {' and '.join(dict.fromkeys(kinds))}"

@@ -3,161 +3,143 @@
     trainfit memory --model gpt-tiny --batch 8 --precision bf16-mixed
     trainfit memory --model hf:LlamaForCausalLM --model-config hidden_size=4096,... --seq 4096 \
         --estimate --budget 80GiB --json
+
+The work is :func:`trainfit.front.memory.estimate_memory` / :func:`~trainfit.front.memory.measure_memory`; this
+module turns flags and TOML into their arguments and prints the report (a table, or ``--json``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import sys
 
-import torch
-
-from trainfit.commands.flags import add_run_flags, config_from_args
+from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
+from trainfit.front import memory as front
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
-from trainfit.meters.devices import DEVICES, device_row
+from trainfit.meters.devices import DEVICES
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
-from trainfit.probes.batchfit import fit_batch_scaling, second_batch
-from trainfit.probes.compile import compiled_saved_bytes
-from trainfit.probes.estimate import estimate_memory
-from trainfit.probes.memory import example_batch, measure_memory
-from trainfit.probes.profile import task_flop_counter
 from trainfit.report.plots import plot_memory
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
-from trainfit.tasks.files import load_text_data
-from trainfit.tasks.spec import DataSpec
 from trainfit.units import fmt_bytes, parse_bytes
-from trainfit.run import task_of
-from trainfit.vocabulary import PART_LABELS, parse_checkpoint_policy
+from trainfit.vocabulary import PART_LABELS
 
 JSON_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporaries_bytes",
              "peak_bytes", "peak_phase", "activations_per_sample_bytes")
 """Keys --json always prints (plus max_micro_batch with --budget, and the full report)."""
 
+UNUSED = ("steps", "lr", "schedule", "warmup_steps", "min_lr", "weight_decay", "checkpoint_every",
+          "checkpoint_minutes", "save_every", "eval_every", "eval_batches", "log")
+"""Run flags one step's memory does not depend on (not listed by ``--help``; a TOML file may still carry them)."""
+SCALING_KEYS = ("activations_per_sample_bytes", "scaling", "per_rank", "budget_bytes", "max_micro_batch")
+"""What the front door adds to the report's ``extra`` (printed by --json, not stored in memory.json)."""
+
 
 def register(sub) -> None:
     p = sub.add_parser("memory", help="what fills memory in one step: parameters, gradients, optimizer, activations")
-    add_run_flags(p)
-    p.add_argument("--batch", type=int, help="samples per micro-batch (same as --micro-batch)")
-    how = p.add_mutually_exclusive_group()
+    groups = add_run_flags(p, leave_out=UNUSED)
+    groups["levers"].add_argument("--batch", type=int, help="samples per micro-batch (same as --micro-batch)")
+    how = groups["run"].add_mutually_exclusive_group()
     how.add_argument("--measure", dest="method", action="store_const", const="measure",
                      help="run two real steps and measure the second (default)")
     how.add_argument("--estimate", dest="method", action="store_const", const="estimate",
                      help="trace the step under fake tensors: nothing is allocated (for models too big here)")
-    p.add_argument("--from", dest="from_file", metavar="FILE",
-                   help="read the job from a transformers TrainingArguments JSON, an accelerate config YAML or "
-                        "Lightning Trainer arguments (flags override it)")
-    p.add_argument("--devices", "--world", dest="devices", type=int, default=None,
-                   help="with --estimate: devices (ranks) to spread --strategy over (per-rank bytes, no processes "
-                        "launched)")
-    p.add_argument("--device", dest="target", default="cpu",
-                   help="with --estimate: the device whose kernels the trace follows (attention, dropout, autocast, "
-                        "optimizer as they run there): " + ", ".join(DEVICES) + " (default cpu: this machine's)")
-    p.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--compare-checkpointing", metavar="SPECS",
+    groups["run"].add_argument("--from", dest="from_file", metavar="FILE",
+                               help="read the job from a transformers TrainingArguments JSON, an accelerate config "
+                                    "YAML or Lightning Trainer arguments (flags override it)")
+    dist = groups["distribution"]
+    dist.add_argument("--devices", "--world", dest="devices", type=int, default=None,
+                      help="with --estimate: devices (ranks) per node to spread --strategy over (per-rank bytes, no "
+                           "processes launched)")
+    dist.add_argument("--nodes", type=int, default=None, help="with --estimate: nodes of --devices each (default 1)")
+    dist.add_argument("--device", dest="target", default="cpu",
+                      help="with --estimate: the device whose kernels the trace follows (attention, dropout, "
+                           "autocast, optimizer as they run there): " + ", ".join(DEVICES) +
+                           " (default cpu: this machine's)")
+    dist.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
+    groups["levers"].add_argument("--compare-checkpointing", metavar="SPECS",
                    help="one row per checkpointing policy, side by side: saved (activation) bytes, peak and "
                         "recompute FLOPs, e.g. none,selective,full,budget:0.5,every:2")
-    p.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
-    p.add_argument("--report", action="store_true", help="also save RUN_DIR/memory.json and write RUN_DIR/report.html")
-    p.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    out = add_output_group(p)
+    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    out.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
+    out.add_argument("--report", action="store_true",
+                     help="also save RUN_DIR/memory.json and write RUN_DIR/report.html")
+    out.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.set_defaults(func=run, method="measure")
+
+
+def _from_file(args, overrides: dict):
+    """``--from FILE``: the other tool's file < explicit flags (said on stderr); (found, overridden, overrides)."""
+    if not args.from_file:
+        return None, {}, overrides
+    found = read_from(args.from_file)
+    given = {k: getattr(args, k, None) for k in RUN_KEYS} | overrides | {"devices": args.devices}
+    applied, overridden = file_values(found, given)
+    args.devices = applied.pop("devices", args.devices)  # the file's devices count every rank
+    applied.pop("nodes", None)  # counted in the file's devices already
+    for line in found.lines(overridden):
+        print(line, file=sys.stderr)
+    return found, overridden, applied | overrides
 
 
 def run(args) -> int:
     overrides = {"micro_batch": args.batch} if args.batch is not None else {}
-    found, overridden = (read_from(args.from_file), {}) if args.from_file else (None, {})
-    if found is not None:  # the other tool's file < explicit flags (said on stderr)
-        given = {k: getattr(args, k, None) for k in RUN_KEYS} | overrides | {"devices": args.devices}
-        applied, overridden = file_values(found, given)
-        args.devices = applied.pop("devices", args.devices)
-        applied.pop("nodes", None)  # --estimate counts ranks, not machines
-        overrides = applied | overrides
-        for line in found.lines(overridden):
-            print(line, file=sys.stderr)
+    found, overridden, overrides = _from_file(args, overrides)
     args.devices = 1 if args.devices is None else args.devices
+    nodes = 1 if args.nodes is None else args.nodes
     cfg = config_from_args(args, **overrides)
     check_int("devices", args.devices, minimum=1)
+    check_int("nodes", nodes, minimum=1)
     budget = parse_bytes("budget", args.budget) if args.budget is not None else None
     if args.plot:  # every output path is checked before any work
         check_output_file("--plot", args.plot, force=args.force, suffix=".png")
     if args.report:
         check_run_dir(cfg.run_dir)
-    world = launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: measure inside each rank
-    if args.devices != 1 and args.method != "estimate":
-        raise ConfigError("devices", args.devices, "1 when measuring", "add --estimate, or measure each rank by "
-                          "launching `torchrun --nproc_per_node=N -m trainfit memory --strategy ...`")
-    device_row(args.target)  # an unknown device is refused before any work
-    if args.target != "cpu" and args.method != "estimate":
-        raise ConfigError("device", args.target, "cpu when measuring (this machine)", "add --estimate to trace the "
-                          f"step with {args.target}'s kernels")
-    if args.method == "estimate":
-        make_report = functools.partial(estimate_memory, world_size=args.devices, strategy=cfg.strategy,
-                                        target=args.target)
-    else:
-        make_report = measure_memory
+    if args.method != "estimate":
+        if args.devices != 1 or nodes != 1:
+            flag, value = ("devices", args.devices) if args.devices != 1 else ("nodes", nodes)
+            raise ConfigError(flag, value, "1 when measuring", "add --estimate, or measure each rank by "
+                              "launching `torchrun --nproc_per_node=N -m trainfit memory --strategy ...`")
+        if args.target != "cpu":
+            raise ConfigError("device", args.target, "cpu when measuring (this machine)", "add --estimate to trace "
+                              f"the step with {args.target}'s kernels")
+    where = {"devices": args.devices, "nodes": nodes, "device": args.target} if args.method == "estimate" else {}
     if args.compare_checkpointing is not None:
-        rows = compare_checkpointing(cfg, args.compare_checkpointing, make_report)
+        rows = front.compare_checkpointing(cfg, specs=args.compare_checkpointing, method=args.method, **where)
         print(dumps_json({"method": args.method, "compare_checkpointing": rows}) if args.json
               else format_comparison(cfg, args.method, rows))
         return 0
-    report = make_report(cfg)
-    if cfg.compile:  # the step above ran (or was traced) eagerly: say what the compiled step saves instead
-        report = dataclasses.replace(report, notes=(*report.notes, compile_note(cfg, args.method, world)))
-    if cfg.data:  # rows from files: the sizing batch is the longest micro-batch this data produces
-        longest = load_text_data(DataSpec.from_config(cfg)).longest  # cached: read once by the task already
-        print(f"trainfit: activations sized for rows of {longest} tokens, the longest this data produces"
-              + (" (packing: full seq_len)" if cfg.packing else ""), file=sys.stderr)
-    other = make_report(cfg, batch=second_batch(report.batch))
-    scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))
-    # Under torchrun each rank measured its own shards; rank 0 reports them all.
-    per_rank = pg.gather_to_rank0({p: report.parts[p] for p in ("params", "grads", "optimizer")}) if world else None
+    if args.method == "estimate":  # under torchrun every rank traces; rank 0 reports (measure joins by itself)
+        launch.join_if_launched(timeout_s=cfg.collective_timeout_s)
+    call = front.estimate_memory if args.method == "estimate" else front.measure_memory
+    report = call(cfg, budget=budget, **where)
+    world = pg.current()
     if world is not None and world.rank != 0:
         return 0
-    max_mb = scaling.max_micro_batch(budget) if budget else None
-    if args.plot:
-        plot_memory(report, args.plot, budget_bytes=budget)
-    if args.report:
-        save_and_report(cfg.run_dir, "memory.json", report.to_dict(), report=True,
-                        keep_others=("precision", "checkpointing", "strategy", "batch", "method"))
-    if args.json:
-        out = report.to_dict()
-        if found is not None:
-            out["from"] = found.to_dict(overridden)
-        out["activations_per_sample_bytes"] = round(scaling.activations_per_sample_bytes)
-        out["scaling"] = scaling.to_dict()
-        if per_rank:
-            out["per_rank"] = per_rank
-        if budget:
-            out["budget_bytes"] = budget
-            out["max_micro_batch"] = max_mb
-        print(dumps_json(out))
-    else:
-        print(format_table(report, scaling, budget, max_mb))
-        for r, parts in enumerate(per_rank or []):
-            print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in parts.items()))
+    _outputs(args, cfg, report, budget, found, overridden)
     return 0
 
 
-def compile_note(cfg, method: str, world) -> str:
-    """``--compile on``: the tracker's dispatch mode keeps dynamo from compiling (measured: 0 graphs) and fake
-    tensors cannot run compiled code, so the parts above are the eager step's; one line with what the compiled
-    forward saves for backward, measured on one micro-batch here (``probes.compile.compiled_saved_bytes``)."""
-    if method == "estimate" or world is not None:
-        return ("compile: the parts above are the eager step's (fake tensors cannot run compiled code); on the "
-                "built-in GPTs the compiled forward saved the same bytes for backward (docs/compile.md); "
-                "`trainfit memory --compile on` without --estimate measures it for this model")
-    # The tracked steps above ran under the tracker, and dynamo remembers the frames it skipped there: forget
-    # them, or the compiled run below would run eagerly too (measured: 0 graphs).
-    torch._dynamo.reset()
-    c = compiled_saved_bytes(cfg)
-    return (f"compile: the parts above are the eager step's (dynamo compiles nothing under the tracker); saved for "
-            f"backward by one micro-batch, measured: eager {c.eager_bytes:,} B, compiled {c.compiled_bytes:,} B "
-            f"({c.graphs} graphs, {c.scope}); the partitioner's estimate of the compiled regions is "
-            f"{c.gap_frac:+.1%} from measured")
+def _outputs(args, cfg, report, budget, found, overridden) -> None:
+    """The plot, the stored report, and the table or JSON on stdout."""
+    stored = {k: v for k, v in report.to_dict().items() if k not in SCALING_KEYS}
+    if args.plot:
+        plot_memory(report, args.plot, budget_bytes=budget)
+    if args.report:
+        save_and_report(cfg.run_dir, "memory.json", stored, report=True,
+                        keep_others=("precision", "checkpointing", "strategy", "batch", "method"))
+    if args.json:
+        out = stored
+        if found is not None:
+            out["from"] = found.to_dict(overridden)
+        out |= {k: report.extra[k] for k in SCALING_KEYS if k in report.extra}
+        print(dumps_json(out))
+    else:
+        print(format_table(report, budget))
+        for r, parts in enumerate(report.extra.get("per_rank") or []):
+            print(f"rank {r}: " + ", ".join(f"{k} {v:,} B" for k, v in parts.items()))
 
 
 def offload_lines(r) -> list[str]:
@@ -172,8 +154,9 @@ def offload_lines(r) -> list[str]:
     return lines
 
 
-def format_table(report, scaling, budget, max_mb) -> str:
+def format_table(report, budget=None) -> str:
     r = report
+    scaling = r.extra["scaling"]
     lines = [f"{r.model}: {r.precision}, checkpointing={r.checkpointing}, {r.optimizer}, micro-batch {r.batch} "
              f"x seq {r.seq_len}, accumulation {r.accumulation}, {r.n_params:,} params "
              f"({r.method} in {r.wall_s:.1f} s)",
@@ -184,10 +167,10 @@ def format_table(report, scaling, budget, max_mb) -> str:
     lines.extend(offload_lines(r))
     if r.master_weights_bytes:
         lines.append(f"  (optimizer state includes fp32 master weights: {fmt_bytes(r.master_weights_bytes)})")
-    lines.append(f"activations per sample: {fmt_bytes(scaling.activations_per_sample_bytes)} "
-                 f"(fit over micro-batches {', '.join(map(str, scaling.batches))})")
+    lines.append(f"activations per sample: {fmt_bytes(scaling['activations_per_sample_bytes'])} "
+                 f"(fit over micro-batches {', '.join(map(str, scaling['batches']))})")
     if budget:
-        lines.append(f"largest micro-batch within {fmt_bytes(budget)}: {max_mb}")
+        lines.append(f"largest micro-batch within {fmt_bytes(budget)}: {r.extra['max_micro_batch']}")
     if r.device_max_allocated_bytes is not None:
         lines.append(f"torch.cuda.max_memory_allocated {fmt_bytes(r.device_max_allocated_bytes)}, "
                      f"reserved {fmt_bytes(r.device_max_reserved_bytes)}")
@@ -197,34 +180,6 @@ def format_table(report, scaling, budget, max_mb) -> str:
         lines.append("top modules by activation bytes: " +
                      ", ".join(f"{n} {fmt_bytes(b)}" for n, b in r.top_modules[:5]))
     return "\n".join(lines)
-
-
-def compare_checkpointing(cfg, specs: str, make_report) -> list[dict]:
-    """One row per policy in ``specs`` (comma-separated; ``class:A,B`` takes the names after it): the same
-    run measured or estimated under each, and the recompute FLOPs ``FlopCounterMode`` counts for one step.
-
-    Raises:
-        ConfigError: a bad or empty spec, before any work.
-    """
-    parts: list[str] = []
-    for part in (p.strip() for p in str(specs).split(",")):
-        if part and parts and parts[-1].startswith("class:") and ":" not in part:
-            parts[-1] += "," + part  # class:A,B
-        elif part:
-            parts.append(part)
-    if not parts:
-        raise ConfigError("compare_checkpointing", specs, "comma-separated policies, e.g. none,selective,full")
-    policies = [parse_checkpoint_policy(p) for p in parts]  # every spec is checked before any work
-    task = task_of(cfg)
-    mbs = [example_batch(task, cfg.micro_batch)] * cfg.accumulation
-    rows = []
-    for policy in policies:
-        r = make_report(dataclasses.replace(cfg, checkpointing=policy))
-        flops = task_flop_counter(task, policy).step(mbs)
-        rows.append({"checkpointing": policy.spec, "activations_bytes": r.activations_bytes,
-                     "peak_bytes": r.peak_bytes, "peak_phase": r.peak_phase,
-                     "model_flops": flops.model_flops, "recompute_flops": flops.hardware_flops - flops.model_flops})
-    return rows
 
 
 def format_comparison(cfg, method: str, rows: list[dict]) -> str:

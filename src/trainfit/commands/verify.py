@@ -6,35 +6,52 @@ import sys
 
 import torch.distributed as dist
 
-from trainfit.commands.flags import add_run_flags, config_from_args
-from trainfit.errors import ConfigError
+from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
-from trainfit.integrations.frameworks import FRAMEWORKS, FROM_FORMATS, LOSSES, FrameworkVerifyReport, verify_framework
-from trainfit.integrations.read_config import RUN_KEYS, TOOL_LABELS, file_values, load_mapping, read_from
+from trainfit.errors import ConfigError
+from trainfit.front.verify import read_from_file, verify, verify_framework
+from trainfit.integrations.frameworks import FRAMEWORKS, LOSSES, FrameworkVerifyReport
+from trainfit.integrations.read_config import RUN_KEYS
 from trainfit.outputs import check_run_dir, dumps_json
-from trainfit.probes.verify import NOISE_MARGIN, verify
+from trainfit.probes.verify import NOISE_MARGIN
 from trainfit.results import VerifyReport
 
 EXIT_FAILED = 1
 """Exit status when the check ran and failed (2 stays for bad input)."""
+UNUSED = ("checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "save_every", "eval_every", "eval_batches",
+          "log")
+"""Run flags one verified step does not read (it writes no checkpoint, export, evaluation or log)."""
 
 
 def register(sub) -> None:
     p = sub.add_parser("verify", help="check one step of the configured levers against the fp32 reference")
-    add_run_flags(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--report", action="store_true", help="also save RUN_DIR/verify.json and write RUN_DIR/report.html")
-    p.add_argument("--framework", choices=FRAMEWORKS, default=None,
-                   help="run THAT tool's own optimizer step with accumulation and without, on micro-batches with "
-                        "uneven target counts: reports its accumulation error (exit 1) apart from its normalisation "
-                        "difference to the fp32 token mean (hf-trainer: --model hf:DIR or hf:<Class>, any head)")
-    p.add_argument("--framework-loss", choices=LOSSES, default="default",
-                   help="with --framework accelerate|lightning: the loop's loss, the micro-batch mean (default) or "
-                        "token-weighted (sum / the window's token count, the fix)")
-    p.add_argument("--from", dest="from_file", metavar="FILE",
-                   help="the job from a transformers TrainingArguments JSON, an accelerate config YAML or Lightning "
-                        "Trainer arguments (flags override it); with --framework hf-trainer the Trainer runs with "
-                        "those TrainingArguments")
+    groups = add_run_flags(p, leave_out=UNUSED)
+    groups["model"].add_argument(
+        "--trainer", metavar="MODULE:CALLABLE", default="",
+        help="with --framework hf-trainer: your transformers.Trainer subclass (its own compute_loss), run in place "
+             "of the Trainer")
+    groups["data"].add_argument(
+        "--collator", metavar="MODULE:CALLABLE", default="",
+        help="with --framework hf-trainer: your data collator, its class or a function of tokenizer returning one "
+             "(e.g. transformers:DataCollatorWithPadding); each row goes through it once, seeded, so every run sees "
+             "the same masks")
+    fw = p.add_argument_group("framework")
+    fw.add_argument("--framework", choices=FRAMEWORKS, default=None,
+                    help="run THAT tool's own optimizer step with accumulation and without, on micro-batches with "
+                         "uneven target counts: reports its accumulation error (exit 1) apart from its normalisation "
+                         "difference to the fp32 token mean (hf-trainer: --model hf:DIR or hf:<Class>, any head; "
+                         "--data rows with text and label(s))")
+    fw.add_argument("--framework-loss", choices=LOSSES, default="default",
+                    help="with --framework accelerate|lightning: the loop's loss, the micro-batch mean (default) or "
+                         "token-weighted (sum / the window's token count, the fix)")
+    fw.add_argument("--from", dest="from_file", metavar="FILE",
+                    help="the job from a transformers TrainingArguments JSON, an accelerate config YAML or Lightning "
+                         "Trainer arguments (flags override it); with --framework hf-trainer the Trainer runs with "
+                         "those TrainingArguments")
+    out = add_output_group(p)
+    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    out.add_argument("--report", action="store_true",
+                     help="also save RUN_DIR/verify.json and write RUN_DIR/report.html")
     p.set_defaults(func=run)
 
 
@@ -95,38 +112,23 @@ def _explanation(d) -> list[str]:
     return [f"    cause: {d.cause}", *([f"    fix: {d.fix}"] if d.fix else [])]
 
 
-def _from_file(args, framework: str | None) -> tuple[dict, dict | None, tuple[str, ...]]:
-    """``--from FILE``: (RunConfig overrides the file sets, the raw TrainingArguments mapping for hf-trainer,
-    lines saying what was read). Flags override the file."""
-    if not args.from_file:
-        return {}, None, ()
-    found = read_from(args.from_file)
-    if framework is not None and found.tool != FROM_FORMATS[framework]:
-        raise ConfigError("from", args.from_file, f"a {TOOL_LABELS[FROM_FORMATS[framework]]} file with --framework "
-                          f"{framework}", f"its keys are {TOOL_LABELS[found.tool]}")
-    given = {k: getattr(args, k, None) for k in RUN_KEYS}
-    applied, overridden = file_values(found, given)
-    keys = ("micro_batch", "accumulation") if framework else RUN_KEYS  # the tool runs fp32, one process
-    overrides = {k: v for k, v in applied.items() if k in keys}
-    unused = [f"{k}={v}" for k, v in applied.items() if k not in keys]
-    lines = [*found.lines(overridden)]
-    if unused:
-        why = "the check runs in fp32, in one process" if framework else "ranks come from torchrun"
-        lines.append(f"trainfit: not applied from {args.from_file}: {', '.join(unused)} ({why})")
-    user = load_mapping(args.from_file) if framework == "hf-trainer" else None
-    return overrides, user, tuple(lines)
+def _read(args, framework: str | None):
+    """``--from FILE`` (flags override it) -> (the RunConfig, what the file gave); the file's lines said after
+    the job is accepted."""
+    read = read_from_file(args.from_file, framework, {k: getattr(args, k, None) for k in RUN_KEYS})
+    cfg = config_from_args(args, **read.overrides)
+    for line in read.lines:
+        print(line, file=sys.stderr)
+    return cfg, read
 
 
 def run_framework(args) -> int:
     if args.report:
         raise ConfigError("report", True, "no --report with --framework", "print it, or save the --json output")
-    overrides, user, lines = _from_file(args, args.framework)
-    cfg = config_from_args(args, **overrides)
-    for line in lines:
-        print(line, file=sys.stderr)
-    report = verify_framework(cfg, framework=args.framework, loss=args.framework_loss, user_args=user,
-                              settings=tuple(ln.removeprefix("trainfit: ") for ln in lines),
-                              say=lambda line: print(f"trainfit: {line}", file=sys.stderr))
+    cfg, read = _read(args, args.framework)
+    report = verify_framework(cfg, framework=args.framework, loss=args.framework_loss, user_args=read.user_args,
+                              settings=tuple(ln.removeprefix("trainfit: ") for ln in read.lines),
+                              collator=args.collator, trainer=args.trainer)
     print(dumps_json(report.to_dict()) if args.json else format_framework(report))
     return 0 if report.passed else EXIT_FAILED
 
@@ -137,10 +139,11 @@ def run(args) -> int:
     if args.framework_loss != "default":
         raise ConfigError("framework_loss", args.framework_loss, "default without --framework",
                           "add --framework accelerate or --framework lightning")
-    overrides, _, lines = _from_file(args, None)
-    cfg = config_from_args(args, **overrides)
-    for line in lines:
-        print(line, file=sys.stderr)
+    for key in ("collator", "trainer"):
+        if getattr(args, key):
+            raise ConfigError(key, getattr(args, key), "a setting of --framework hf-trainer",
+                              "add --framework hf-trainer; trainfit's own verify runs its own loop")
+    cfg, _ = _read(args, None)
     if args.report:
         check_run_dir(cfg.run_dir)
     report = verify(cfg)

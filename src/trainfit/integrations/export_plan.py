@@ -33,6 +33,8 @@ from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
 from trainfit.outputs import check_output_file
 from trainfit.vocabulary import (
+    STRATEGIES,
+    Dtype,
     EveryBlock,
     EveryKthBlock,
     GradSync,
@@ -40,7 +42,6 @@ from trainfit.vocabulary import (
     OffloadPart,
     Optimizer,
     PrecisionName,
-    StrategyName,
     mixed_counterpart,
     parse_offload,
     precision_facts,
@@ -119,7 +120,7 @@ def unrunnable(tool: str, strategy: str, *, cpu: bool, devices: int) -> str | No
     if cpu and tool == "accelerate":
         return ("accelerate launch starts several CPU processes only through MPI (mpirun_hostfile), which trainfit "
                 "does not write: without it one process trains")
-    if strategy == StrategyName.ZERO1:
+    if strategy_facts(strategy).shards_optimizer_by_parameter:
         return _NO_ZERO1
     if cpu and strategy_facts(strategy).fsdp:
         return _NO_CPU_FSDP[tool]
@@ -137,8 +138,8 @@ def runnable_strategies(tool: str, chosen: tuple[str, ...] | None, *, cpu: bool,
             raise ConfigError("strategies", name, f"a strategy {tool} runs as planned on {devices} {where}", why)
     if chosen:
         return chosen
-    runs = tuple(s.value for s in StrategyName if unrunnable(tool, s, cpu=cpu, devices=devices) is None)
-    return None if len(runs) == len(StrategyName) else runs
+    runs = tuple(s.value for s in STRATEGIES if unrunnable(tool, s, cpu=cpu, devices=devices) is None)
+    return None if len(runs) == len(STRATEGIES) else runs
 
 
 def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False) -> ToolConfig:
@@ -175,8 +176,9 @@ def _precision_gaps(cfg: RunConfig, tool: str, setting: str) -> tuple[PrecisionN
                                f"the update in fp32 either way")]
 
 
-def _zero1_gap(instead: str) -> Gap:
-    return Gap(lever="strategy", trainfit="runs zero1: DDP with the optimizer state sharded "
+def _zero1_gap(strategy: str, instead: str) -> Gap:
+    """A strategy whose row shards the optimizer state by parameter (ZeRO-1): no tool has it outside DeepSpeed."""
+    return Gap(lever="strategy", trainfit=f"runs {strategy}: DDP with the optimizer state sharded "
                                           "(ZeroRedundancyOptimizer), optimizer memory / devices",
                instead=instead + "; the plan's memory figure assumed the sharded state -- replan with "
                                  "--strategies ddp,zero2,zero3 if it no longer fits")
@@ -215,8 +217,8 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     args: dict = {
         "per_device_train_batch_size": cfg.micro_batch,
         "gradient_accumulation_steps": cfg.accumulation,
-        "bf16": precision == PrecisionName.BF16_MIXED,
-        "fp16": precision == PrecisionName.FP16_MIXED,
+        "bf16": precision_facts(precision).autocast == Dtype.BF16,
+        "fp16": precision_facts(precision).autocast == Dtype.FP16,
         "average_tokens_across_devices": True,
     }
     if cpu:
@@ -263,9 +265,9 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
             fsdp_config["cpu_offload"] = True  # FSDP2's CPUOffloadPolicy: sharded params, grads and the step
         if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
             args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
-    if cfg.strategy == StrategyName.ZERO1:
-        gaps.append(_zero1_gap("the Trainer has no ZeRO-1 outside DeepSpeed: launched with torchrun it runs "
-                               "DDP with the optimizer state replicated"))
+    if s.shards_optimizer_by_parameter:
+        gaps.append(_zero1_gap(cfg.strategy, "the Trainer has no ZeRO-1 outside DeepSpeed: launched with torchrun "
+                                             "it runs DDP with the optimizer state replicated"))
     if s.distributed:
         args["ddp_backend"] = "gloo" if cpu else "nccl"
         gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes per node x {nodes} node(s)",
@@ -315,7 +317,6 @@ def _compile_gap(instead: str) -> Gap:
 
 
 # -- Accelerate ----------------------------------------------------------------------------------------------
-ACCELERATE_PRECISION = {PrecisionName.FP32: "no", PrecisionName.BF16_MIXED: "bf16", PrecisionName.FP16_MIXED: "fp16"}
 
 
 def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
@@ -324,12 +325,9 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     gaps += more
     s = strategy_facts(cfg.strategy)
     n = _total_devices(cfg, nodes)
-    if not s.distributed:
-        kind = "NO"
-    elif s.fsdp:
-        kind = "FSDP"
-    else:
-        kind = "MULTI_CPU" if cpu else "MULTI_GPU"
+    kind = s.accelerate_distributed_type
+    if cpu and kind == "MULTI_GPU":
+        kind = "MULTI_CPU"
     values: dict = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -337,7 +335,7 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         "downcast_bf16": "no",
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": ACCELERATE_PRECISION[precision],
+        "mixed_precision": precision_facts(precision).accelerate,
         "num_machines": nodes if s.distributed else 1,
         "num_processes": n,
         "rdzv_backend": "static",
@@ -378,10 +376,10 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(cfg)}",
                         instead=where + "; enable it in the script (a transformers model: "
                                 + _hf_enable_call(ckpt) + ")"))
-    if cfg.strategy == StrategyName.ZERO1:
-        gaps.append(_zero1_gap("accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP with the "
-                               "optimizer state replicated (or wrap the optimizer in "
-                               "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
+    if s.shards_optimizer_by_parameter:
+        gaps.append(_zero1_gap(cfg.strategy, "accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP "
+                                             "with the optimizer state replicated (or wrap the optimizer in "
+                                             "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
     gaps += _offload_gaps(cfg, "fsdp_offload_params")
     if cfg.compile:
         values["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
@@ -420,8 +418,6 @@ def _yaml(values: dict) -> str:
 
 
 # -- Lightning -----------------------------------------------------------------------------------------------
-LIGHTNING_PRECISION = {PrecisionName.FP32: "32-true", PrecisionName.BF16_MIXED: "bf16-mixed",
-                       PrecisionName.FP16_MIXED: "16-mixed"}
 
 
 def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
@@ -430,19 +426,19 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     gaps += more
     if precision_facts(cfg.precision).master_copy:
         gaps[-1] = Gap(lever=gaps[-1].lever, trainfit=gaps[-1].trainfit,
-                       instead=f'precision="{LIGHTNING_PRECISION[precision]}": Lightning\'s '
-                               f'"{"bf16" if precision == PrecisionName.BF16_MIXED else "16"}-true" has no fp32 '
+                       instead=f'precision="{precision_facts(precision).lightning}": Lightning\'s '
+                               f'"{precision_facts(cfg.precision).lightning}" has no fp32 '
                                f"master copy (the optimizer would update half weights), so fp32 weights with "
                                f"autocast; the same bytes per parameter (4+4 vs 2+2+4)")
     s = strategy_facts(cfg.strategy)
-    strategy = "auto" if not s.distributed else ("fsdp" if s.fsdp else "ddp")
+    strategy = s.lightning_strategy
     devices = cfg.devices if s.distributed else 1
     common = {"accelerator": "cpu" if cpu else "gpu", "devices": devices, "num_nodes": nodes if s.distributed else 1,
-              "precision": LIGHTNING_PRECISION[precision], "strategy": strategy}
+              "precision": precision_facts(precision).lightning, "strategy": strategy}
     trainer = {**common, "accumulate_grad_batches": cfg.accumulation}  # max_steps, clipping: the user's own
     values: dict = {"trainer": trainer, "fabric": dict(common), "batch_size": cfg.micro_batch}
     if s.fsdp:
-        values["fsdp_strategy"] = {"sharding_strategy": "FULL_SHARD" if s.reshard_after_forward else "SHARD_GRAD_OP",
+        values["fsdp_strategy"] = {"sharding_strategy": s.fsdp_sharding_strategy,
                                    "state_dict_type": "sharded"}
         if _fsdp_cpu_offload(cfg):
             values["fsdp_strategy"]["cpu_offload"] = True
@@ -453,8 +449,8 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
             gaps.append(Gap(lever="grad_sync", trainfit="reduce-scatters gradients after every micro-batch",
                             instead="Lightning has no setting for it; its strategy's own accumulation applies"))
-    if cfg.strategy == StrategyName.ZERO1:
-        gaps.append(_zero1_gap('strategy="ddp" replicates the optimizer state (or return '
+    if s.shards_optimizer_by_parameter:
+        gaps.append(_zero1_gap(cfg.strategy, 'strategy="ddp" replicates the optimizer state (or return '
                                "torch.distributed.optim.ZeroRedundancyOptimizer from configure_optimizers)"))
     ckpt = cfg.checkpointing
     if not isinstance(ckpt, NoCheckpointing):

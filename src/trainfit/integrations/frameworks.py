@@ -45,10 +45,15 @@ from torch import nn
 from trainfit.config import RunConfig
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.integrations.hf_window import HEADS, HFRows, hf_rows, load_hf_model, replaced, training_arguments
+from trainfit.integrations.hf_window import (HEADS, HFRows, hf_rows, import_spec, load_hf_model, replaced,
+                                             training_arguments)
 from trainfit.probes.verify import cosine, flat, mean_of_means_grads, reference_grads, rel_error
+from trainfit.progress import logger, say as progress_say
 from trainfit.run import task_of
-from trainfit.vocabulary import Tolerance, precision_facts
+from trainfit.vocabulary import Dtype, Tolerance, precision_facts
+
+log = logger("verify")
+"""``trainfit.verify``: what the check runs, at INFO (the CLI says it on stderr; ``--quiet`` silences it)."""
 
 FRAMEWORKS = ("hf-trainer", "accelerate", "lightning")
 """Tools whose accumulation ``verify --framework`` runs."""
@@ -78,6 +83,10 @@ FIX_IGNORED = ("pass Trainer(compute_loss_func=lambda outputs, labels, num_items
                " -- exact for any counts; or set model.accepts_loss_kwargs = False before building the Trainer "
                "(model_accepts_loss_kwargs becomes False and the Trainer divides each micro-batch mean by "
                "gradient_accumulation_steps: exact only when every micro-batch holds the same number of targets)")
+FIX_COMPUTE_LOSS = ("in compute_loss, sum the per-target losses (reduction='sum', ignore_index=-100) and divide by "
+                    "num_items_in_batch, the window's target count the Trainer passes it; or set "
+                    "self.loss_is_scaled_for_ga = False so the Trainer divides each micro-batch mean by "
+                    "gradient_accumulation_steps (exact only when micro-batches hold equal targets)")
 FIX_COUNT = ("set model.loss_type = 'ForCausalLM' before building the Trainer (it then counts labels[..., 1:], the "
              "targets the shifted loss predicts), or have the data collator also return shift_labels (labels "
              "shifted left by one, -100 last), which the Trainer counts as they are")
@@ -201,6 +210,12 @@ class Captured:
     """The Trainer's ``num_items_in_batch`` for the window (hf-trainer only; None: not passed)."""
     accepts_loss_kwargs: bool | None = None
     """The Trainer's ``model_accepts_loss_kwargs`` (hf-trainer only)."""
+    counted: int | None = None
+    """The ``num_items_in_batch`` the Trainer gave ``compute_loss`` (hf-trainer only)."""
+    custom_loss: bool = False
+    """The user's Trainer subclass overrides ``compute_loss`` (hf-trainer only)."""
+    trainer_name: str = "Trainer"
+    """The Trainer class that ran (hf-trainer only)."""
 
 
 # ----------------------------------------------------------------- the one lazy import
@@ -322,13 +337,16 @@ def step_lightning(w: Window, *, loss: str, lr: float = 1e-3) -> Captured:
 
 
 def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_args: Mapping[str, Any] | None = None,
-                    lr: float = 1e-3, seed: int = 0) -> Captured:
-    """A real ``transformers.Trainer`` for one optimizer step over ``rows`` cut into ``accumulation``
-    micro-batches of ``micro_batch``; the gradient in ``on_pre_optimizer_step`` (clipping off)."""
+                    lr: float = 1e-3, seed: int = 0, trainer_cls: type | None = None) -> Captured:
+    """A real ``transformers.Trainer`` (or the user's subclass ``trainer_cls``) for one optimizer step over ``rows``
+    cut into ``accumulation`` micro-batches of ``micro_batch``; the gradient in ``on_pre_optimizer_step``
+    (clipping off). Its ``data_collator`` pads the rows, which the user's collator (if any) made once."""
     tf = tool("hf-trainer")
+    cls = trainer_cls or tf.Trainer
     model = rows.model.build()
     out = Captured()
     seen: list[Any] = []
+    counted: list[Any] = []
 
     class Capture(tf.TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -343,9 +361,17 @@ def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_a
     with tempfile.TemporaryDirectory() as tmp:
         args = training_arguments(tf, {"learning_rate": lr, **(user_args or {})}, output_dir=tmp,
                                   micro_batch=micro_batch, accumulation=accumulation, seed=seed)
-        trainer = tf.Trainer(model=model, args=args, train_dataset=rows.rows, data_collator=rows.collate,
-                             callbacks=[Capture()])
+        trainer = cls(model=model, args=args, train_dataset=rows.rows, data_collator=rows.collate,
+                      callbacks=[Capture()])
+        trainer.remove_callback(tf.PrinterCallback)  # its end-of-training dict is the Trainer's, not the check's
         out.accepts_loss_kwargs = bool(getattr(trainer, "model_accepts_loss_kwargs", False))
+        original_compute_loss = trainer.compute_loss
+
+        def observed_compute_loss(model_, inputs, *args_, num_items_in_batch=None, **kwargs):  # what it counted
+            counted.append(num_items_in_batch)
+            return original_compute_loss(model_, inputs, *args_, num_items_in_batch=num_items_in_batch, **kwargs)
+
+        trainer.compute_loss = observed_compute_loss
         model.forward = observed_forward
         try:
             trainer.train()
@@ -353,8 +379,21 @@ def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_a
             model.forward = original_forward
     items = [int(x) if x is not None else None for x in seen]
     name, k = type(model).__name__, accumulation
+    out.counted = int(counted[0]) if counted and counted[0] is not None else None
+    out.custom_loss = cls.compute_loss is not tf.Trainer.compute_loss
+    out.trainer_name = cls.__name__
     if items and all(x is not None for x in items):
         out.num_items = items[0]
+    if out.custom_loss:
+        scaled = getattr(trainer, "loss_is_scaled_for_ga", None)
+        if scaled is None:
+            scaled = (out.accepts_loss_kwargs and out.counted is not None) or trainer.compute_loss_func is not None
+        out.path = (f"transformers {tf.__version__} {cls.__name__}(Trainer) at {micro_batch} x {k}: its own "
+                    f"compute_loss, given num_items_in_batch={out.counted} (the window's prediction targets: "
+                    f"{sum(rows.counts)}); the Trainer " + ("did not divide its loss by gradient_accumulation_steps"
+                                                            if scaled else f"divided its loss by "
+                                                            f"gradient_accumulation_steps={k}"))
+    elif items and all(x is not None for x in items):
         out.path = (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: passed num_items_in_batch="
                     f"{items[0]} (the window's prediction targets: {sum(rows.counts)}) to {name} on each of "
                     f"{len(items)} micro-batches and did not divide by gradient_accumulation_steps")
@@ -398,7 +437,7 @@ def _check_args(cfg: RunConfig, framework: str, loss: str) -> None:
         raise ConfigError("framework_loss", loss, LOSSES)
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "verify checks one concrete split; pass --micro-batch N")
-    if cfg.precision != "fp32":
+    if precision_facts(cfg.precision).compute != Dtype.FP32:  # the fp32 row: what the reference computes in
         raise ConfigError("precision", cfg.precision, "fp32 with --framework",
                           "--framework checks the tool's accumulation, in fp32; drop --precision")
     if cfg.accumulation < 2:
@@ -411,14 +450,19 @@ def _check_args(cfg: RunConfig, framework: str, loss: str) -> None:
 
 def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
                      user_args: Mapping[str, Any] | None = None, settings: tuple[str, ...] = (),
-                     say: Callable[[str], None] = lambda line: None) -> FrameworkVerifyReport:
+                     collator: str = "", trainer: str = "",
+                     say: Callable[[str], None] | None = None) -> FrameworkVerifyReport:
     """Run ``framework``'s step at K x M and at 1 x KM and compare with the fp32 token-mean reference.
 
     Args:
         user_args: hf-trainer: the user's TrainingArguments as a mapping (``--from``), kept where the check
             does not need its own value (``hf_window.FORCED``).
         settings: lines saying what was read from ``--from`` (carried into the report).
-        say: progress, one line per run of the tool.
+        collator: hf-trainer: ``module:callable``, the user's data collator (a collator, its class, or a function of
+            ``tokenizer`` returning one); each row goes through it once, seeded (``hf_window.collate_rows``).
+        trainer: hf-trainer: ``module:callable``, the user's ``transformers.Trainer`` subclass (its own
+            ``compute_loss``) run in place of the Trainer.
+        say: progress, one line per run of the tool; default: INFO on the ``trainfit.verify`` logger.
 
     Raises:
         ConfigError: unknown framework/loss, a tool not installed, micro_batch="auto", accumulation 1, a model
@@ -426,10 +470,17 @@ def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
         TrainfitError: the model does not build the same initial weights twice.
     """
     _check_args(cfg, framework, loss)
-    tool(framework)  # a missing tool is refused before any model is built
+    for key, value in (("collator", collator), ("trainer", trainer)):
+        if value and framework != "hf-trainer":
+            raise ConfigError(key, value, "a setting of --framework hf-trainer",
+                              f"the {framework} check runs trainfit's task with its own loop; drop it")
+    tf = tool(framework)  # a missing tool is refused before any model is built
+    trainer_cls = load_trainer_class(tf, trainer) if trainer else None
     tol = precision_facts("fp32").tolerance
+    say = say or (lambda line: progress_say(log, line))
     if framework == "hf-trainer":
-        return _verify_trainer(cfg, tol, user_args=user_args, settings=settings, say=say)
+        return _verify_trainer(cfg, tol, user_args=user_args, settings=settings, say=say, collator=collator,
+                               trainer_cls=trainer_cls)
     w = uneven_window(cfg)
     ref = w.build_model().float()
     init = [p.detach().clone() for p in ref.parameters()]
@@ -474,10 +525,35 @@ def _explained(d: Difference, cause: str, fix: str) -> Difference:
                       fix=fix)
 
 
+def load_trainer_class(tf, spec: str) -> type:
+    """``module:callable`` naming a ``transformers.Trainer`` subclass (or a function returning one).
+
+    Raises:
+        ConfigError: not importable, or not a Trainer subclass (one line naming the spec).
+    """
+    obj = import_spec(spec, "trainer", "a transformers.Trainer subclass")
+    if not isinstance(obj, type) and callable(obj):
+        try:
+            obj = obj()
+        except Exception as e:  # noqa: BLE001 - one line naming the spec
+            raise ConfigError("trainer", spec, "a transformers.Trainer subclass, or a function returning one",
+                              f"calling it raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                              ) from None
+    if not (isinstance(obj, type) and issubclass(obj, tf.Trainer)):
+        raise ConfigError("trainer", spec, "a transformers.Trainer subclass (its own compute_loss or training_step)",
+                          f"it is {obj!r}"[:120])
+    return obj
+
+
 def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, Any] | None,
-                    settings: tuple[str, ...], say: Callable[[str], None]) -> FrameworkVerifyReport:
-    """hf-trainer: the user's model and TrainingArguments; the reference per row in plain PyTorch."""
-    rows = hf_rows(cfg, load_hf_model(cfg))
+                    settings: tuple[str, ...], say: Callable[[str], None], collator: str = "",
+                    trainer_cls: type | None = None) -> FrameworkVerifyReport:
+    """hf-trainer: the user's model, data, collator, Trainer and TrainingArguments; the reference per row in
+    plain PyTorch, from the logits of the rows the collator made."""
+    model = load_hf_model(cfg)
+    say(f"verify --framework hf-trainer: reading the rows of {cfg.data or 'generated data'} for a "
+        f"{HEADS[model.head]}" + (f", collated by {collator}" if collator else ""))
+    rows = hf_rows(cfg, model, collator=collator)
     if replaced(user_args):
         settings = (*settings, "replaced for the check: " + ", ".join(replaced(user_args)))
     ref = rows.model.build()
@@ -493,7 +569,7 @@ def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, A
         say(f"verify --framework hf-trainer: one Trainer step at {mb} x {k}")
         with _quiet():
             runs.append(step_hf_trainer(rows, micro_batch=mb, accumulation=k, user_args=user_args, lr=cfg.lr,
-                                        seed=cfg.seed))
+                                        seed=cfg.seed, trainer_cls=trainer_cls))
     g_k, g_1 = (_checked("hf-trainer", r, len(init)) for r in runs)
     acc = difference(g_k, g_1, tol)
     if acc.found:
@@ -507,13 +583,28 @@ def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, A
         head=f"{HEADS[rows.head]} ({rows.model.cls.__name__})", micro_batch=cfg.micro_batch,
         accumulation=cfg.accumulation, loss_tokens=tuple(rows.counts), path=runs[0].path, accumulation_error=acc,
         normalisation=norm, grad_rel_error=rel_error(g_k, g_ref), mean_of_means_rel_error=rel_error(g_k, mom),
-        tolerance=tol, settings=settings)
+        tolerance=tol, settings=(*settings, *([f"rows: {rows.source}"] if rows.source else ())))
 
 
 def _trainer_accumulation_cause(acc: Difference, run: Captured, rows: HFRows, err_mom: float,
                                 err_k_mom: float) -> Difference:
     name, k = rows.model.cls.__name__, len(rows.groups)
     counts = "/".join(map(str, rows.counts))
+    if run.custom_loss:
+        who = run.trainer_name
+        if err_k_mom < acc.rel_error / 3:
+            return _explained(acc, (
+                f"{who}.compute_loss returns each micro-batch's own mean (divided by that micro-batch's targets, "
+                f"not by num_items_in_batch={run.counted}), and the Trainer does not divide it by "
+                f"gradient_accumulation_steps={k}: it sums {k} micro-batch means (the gradient is {k} x the mean "
+                f"of means to {err_k_mom:.2e}; norm ratio {acc.norm_ratio:.4g}; targets per micro-batch {counts})"),
+                FIX_COMPUTE_LOSS)
+        if err_mom < acc.rel_error / 3:
+            return _explained(acc, f"{who}.compute_loss: {CAUSE_MEAN_OF_MEANS} (matches the mean of means to "
+                                   f"{err_mom:.2e}; targets per micro-batch {counts})", FIX_COMPUTE_LOSS)
+        return _explained(acc, f"{who}.compute_loss: the gradient at {k} micro-batches differs from one micro-batch "
+                               f"of the same rows (norm ratio {acc.norm_ratio:.4g}); no known cause matched",
+                          FIX_COMPUTE_LOSS)
     if run.num_items is not None and loss_ignores_num_items(rows):
         return _explained(acc, (
             f"{name}.forward takes **kwargs, so the Trainer (model_accepts_loss_kwargs=True) passes "
@@ -537,6 +628,11 @@ def _trainer_normalisation_cause(norm: Difference, run: Captured, rows: HFRows,
                                  user_args: Mapping[str, Any] | None) -> Difference:
     targets = sum(rows.counts)
     smoothing = float((user_args or {}).get("label_smoothing_factor") or 0.0)
+    if run.custom_loss:
+        who = run.trainer_name
+        return _explained(norm, f"{who}.compute_loss over one micro-batch of every row is not the token mean of "
+                                f"{HEADS[rows.head]} (given num_items_in_batch={run.counted}, the window's targets "
+                                f"{targets}; norm ratio {norm.norm_ratio:.4g}): by design, or a count to check", "")
     if run.num_items is not None and run.num_items != targets:
         first = rows.head == "causal" and run.num_items == targets + sum(int(r["labels"][0] != -100) for r in rows.rows)
         why = (f": it counted every label, including each row's first, which the shifted causal loss never "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from trainfit.config import RunConfig
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.run import task_of
+from trainfit.tasks.corpus import find_sources
 from trainfit.tasks.hf import parse_hf_config, pretrained_dir, quiet_progress, weight_files
 from trainfit.tasks.synthetic import IGNORE_INDEX
 
@@ -44,6 +46,9 @@ HEADS = {"causal": "causal LM", "masked": "masked LM", "token": "token classific
 """The heads ``verify --framework hf-trainer`` checks, and how reports name them."""
 MASK_EVERY = 3
 """masked LM rows: one masked, labelled token in every 3."""
+PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1,
+              "decoder_attention_mask": 0}
+"""What a padding collator fills each field with past a row's end (input_ids: the pad id)."""
 
 FORCED = {"per_device_train_batch_size": None, "gradient_accumulation_steps": None, "max_steps": 1,
           "max_grad_norm": 0.0, "report_to": [], "use_cpu": True, "train_sampling_strategy": "sequential",
@@ -156,6 +161,8 @@ class HFRows:
 
     model: HFModel
     groups: list[list[dict[str, torch.Tensor]]]
+    source: str = ""
+    """Where the rows came from and how they were collated (said in the report's path)."""
 
     @property
     def head(self) -> str:
@@ -182,25 +189,29 @@ class HFRows:
         return [r for g in self.groups for r in g]
 
     def collate(self, rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Right-padded input_ids with an attention mask; padded labels -100 (what a padding collator does)."""
-        t = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), t), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), t), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r["input_ids"])], mask[i, :len(r["input_ids"])] = r["input_ids"], 1
-        out = {"input_ids": ids, "attention_mask": mask}
-        if rows[0]["labels"].dim() == 0:
-            out["labels"] = torch.stack([r["labels"] for r in rows])
-        else:
-            tl = max(len(r["labels"]) for r in rows)
-            out["labels"] = torch.full((len(rows), tl), IGNORE_INDEX, dtype=torch.long)
+        """Every field right-padded (input_ids with the pad id, labels -100, the masks 0), with an attention mask
+        when the rows carry none; per-row scalars (a class) stacked -- what a padding collator does."""
+        out: dict[str, torch.Tensor] = {}
+        for key in rows[0]:
+            ts = [r[key] for r in rows]
+            if ts[0].dim() == 0:
+                out[key] = torch.stack(ts)
+                continue
+            t = max(len(x) for x in ts)
+            fill = self.pad_id if key == "input_ids" else PAD_VALUES.get(key, 0)
+            out[key] = torch.full((len(rows), t), fill, dtype=ts[0].dtype)
+            for i, x in enumerate(ts):
+                out[key][i, :len(x)] = x
+        if "attention_mask" not in out:
+            mask = torch.zeros_like(out["input_ids"])
             for i, r in enumerate(rows):
-                out["labels"][i, :len(r["labels"])] = r["labels"]
+                mask[i, :len(r["input_ids"])] = 1
+            out = {"input_ids": out.pop("input_ids"), "attention_mask": mask, **out}
         return out
 
     def row_loss(self, model: nn.Module, row: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of the row's per-target losses from the model's logits (plain PyTorch, the row alone)."""
-        x = {"input_ids": row["input_ids"][None]}
+        x = {k: v[None] for k, v in row.items() if k != "labels"}  # the row's model inputs, unpadded
         if self.head == "seq2seq":
             x["labels"] = row["labels"][None]  # the model builds its decoder inputs from them, as in the Trainer
         logits = model(**x).logits[0].float()
@@ -259,25 +270,35 @@ def _row(head: str, ids: torch.Tensor, config, g: torch.Generator) -> dict[str, 
     return {"input_ids": ids, "labels": ids[0] % config.num_labels}
 
 
-def hf_rows(cfg: RunConfig, model: HFModel) -> HFRows:
-    """K x M rows of clearly different lengths (``--data`` rows for a causal LM), longest first, cut in K.
+def hf_rows(cfg: RunConfig, model: HFModel, *, collator: str = "") -> HFRows:
+    """K x M rows of clearly different target counts, longest first, cut in K.
+
+    Without ``--data`` the rows are generated (:func:`_row`); with it they are the user's: a causal LM reads any
+    data ``train`` reads (packed by its task), every other head -- and any head with ``--collator`` -- the first
+    K x M rows of a JSON Lines / CSV / Parquet file (:func:`user_rows`). ``collator`` (``module:callable``) turns
+    each row into the model's inputs once, seeded (:func:`collate_rows`); a masked LM without one is masked by
+    transformers' ``DataCollatorForLanguageModeling``, as its users' training is.
 
     Raises:
-        ConfigError: --data with a head other than causal LM; seq_len beyond the model's positions.
+        ConfigError: seq_len beyond the model's positions; a missing field, tokenizer or collator (one line).
     """
     n, head, config = cfg.micro_batch * cfg.accumulation, model.head, model.config
     max_pos = getattr(config, "max_position_embeddings", None)
     if isinstance(max_pos, int) and cfg.seq_len + 1 > max_pos:
         raise ConfigError("seq_len", cfg.seq_len, f"below max_position_embeddings={max_pos} of {model.spec}")
-    if cfg.data:
-        if head != "causal":
-            raise ConfigError("data", cfg.data, f"no --data with a {HEADS[head]} (--framework hf-trainer)",
-                              "text data feeds causal LMs; the other heads are checked on generated rows")
+    source = ""
+    if cfg.data and head == "causal" and not collator:
         task = task_of(cfg)
         ds = task.dataset()
         samples = [ds[i] for i in global_indices(0, n, len(ds), cfg.seed)]
         rows = [{"input_ids": torch.cat([s["input_ids"][:1], s["labels"]]),
                  "labels": torch.cat([s["input_ids"][:1], s["labels"]])} for s in samples]
+        source = f"{n} rows of {cfg.data} (the run's first global batch)"
+    elif cfg.data:
+        tok_dir = tokenizer_dir(cfg, model)
+        features = user_rows(cfg, model, tok_dir)
+        rows, source = collate_rows(cfg, model, features, tok_dir, collator)
+        source = f"the first {n} rows of {cfg.data}, {source}"
     else:
         g = torch.Generator().manual_seed(cfg.seed)
         vocab = getattr(config, "vocab_size", None)
@@ -286,13 +307,348 @@ def hf_rows(cfg: RunConfig, model: HFModel) -> HFRows:
         allowed = _allowed_ids(config, vocab)
         lengths = [max(3, round((cfg.seq_len + 1) * (n - i) / n)) for i in range(n)]  # seq_len+1 down to a few
         rows = [_row(head, allowed[torch.randint(0, len(allowed), (L,), generator=g)], config, g) for L in lengths]
-    out = HFRows(model=model, groups=[])
+        if collator:
+            features = [{k: (v.tolist() if k == "input_ids" or v.dim() else v.item()) for k, v in r.items()
+                         if head not in ("masked", "causal") or k == "input_ids"} for r in rows]
+            if head == "masked":  # the collator masks: give it the unmasked tokens
+                features = [{"input_ids": torch.where(r["labels"] != IGNORE_INDEX, r["labels"],
+                                                      r["input_ids"]).tolist()} for r in rows]
+            rows, source = collate_rows(cfg, model, features, tokenizer_dir(cfg, model), collator)
+            source = f"{n} generated rows, {source}"
+    out = HFRows(model=model, groups=[], source=source)
     rows.sort(key=lambda r: -out.targets(r) if head != "sequence" else -len(r["input_ids"]))
     m = cfg.micro_batch
     out.groups = [rows[i * m:(i + 1) * m] for i in range(cfg.accumulation)]
     if sum(out.counts) == 0:
         raise TrainfitError("verify --framework hf-trainer: the window's rows hold no prediction target")
     return out
+
+
+# ----------------------------------------------------------------- the user's own rows and collator
+
+LABEL_FIELDS = ("label", "labels")
+"""Where a row's class (sequence classification) or per-token/per-word classes (token classification) are read,
+in this order: the names of the Hugging Face datasets and collators."""
+TARGET_FIELDS = ("target", "labels")
+"""Where a sequence-to-sequence row's target is read: a text (tokenized like the input) or token ids."""
+NEEDS = {"causal": "a text field (or input_ids)", "masked": "a text field (or input_ids); the collator masks it",
+         "token": "a text field (or input_ids) and labels: one class per word of the text (per id of input_ids)",
+         "sequence": "a text field (or input_ids) and a label: one class (or value) per row",
+         "seq2seq": "a text field (or input_ids) and a target text (or labels: token ids)"}
+"""What one row of ``--data`` must hold for each head."""
+MAX_RECORDS = 1_000_000
+"""Rows read from a file at most (the check uses the first K x M)."""
+
+
+def tokenizer_dir(cfg: RunConfig, model: HFModel):
+    """The directory whose tokenizer.json reads the rows: ``--tokenizer DIR``, else the model's ``hf:DIR``."""
+    if cfg.tokenizer and cfg.tokenizer != "byte":
+        directory = Path(cfg.tokenizer)
+    else:
+        directory = pretrained_dir(model.spec.removeprefix("hf:"))
+    if directory is None or not (Path(directory) / "tokenizer.json").is_file():
+        raise ConfigError("tokenizer", cfg.tokenizer or model.spec, "a directory holding tokenizer.json",
+                          f"--data rows of a {HEADS[model.head]} (and --collator) are tokenized with the model's own "
+                          "tokenizer: save it into the model directory (tokenizer.save_pretrained) or pass "
+                          "--tokenizer DIR")
+    return Path(directory)
+
+
+def _backend(directory):
+    try:
+        import tokenizers  # noqa: PLC0415 - an optional extra
+    except ImportError:
+        raise ConfigError("tokenizer", str(directory), "an installed tokenizers package",
+                          "pip install 'trainfit[data]'") from None
+    try:
+        return tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - the library raises bare Exception for a malformed file
+        raise ConfigError("tokenizer", str(directory), "a tokenizer.json the tokenizers library reads",
+                          f"{str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
+
+
+def hf_tokenizer(directory):
+    """The directory's tokenizer as transformers loads it (what a collator takes), special tokens included."""
+    import transformers as tf  # noqa: PLC0415
+
+    try:
+        with quiet_progress():
+            if (directory / "tokenizer_config.json").is_file():
+                return tf.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            return tf.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 - one line naming the directory
+        raise ConfigError("tokenizer", str(directory), "a tokenizer transformers loads (tokenizer.json)",
+                          f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}") from None
+
+
+def _records(path: str, n: int) -> list[tuple[str, dict[str, Any]]]:
+    """The first ``n`` rows of ``path`` as ``(where, row)``: JSON Lines objects, CSV or Parquet rows."""
+    import json  # noqa: PLC0415
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    for src in find_sources(path, field="data").files:
+        if src.kind == "text":
+            raise ConfigError("data", src.path, "JSON Lines, CSV or Parquet rows with fields (text, label, ...)",
+                              "a text file is one document with no fields; the heads other than causal LM read rows")
+        if src.kind == "jsonl":
+            with open(src.path, encoding="utf-8-sig") as f:
+                for lineno, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except ValueError as e:
+                        raise ConfigError("data", f"{src.path}:{lineno}", "JSON Lines: one JSON object per line",
+                                          f"not JSON: {e}") from None
+                    if not isinstance(obj, dict):
+                        raise ConfigError("data", f"{src.path}:{lineno}", "a JSON object per line",
+                                          f"a JSON {type(obj).__name__}")
+                    out.append((f"{src.path}:{lineno}", obj))
+                    if len(out) >= n:
+                        return out
+        else:
+            try:
+                import pyarrow.csv  # noqa: PLC0415
+                import pyarrow.parquet  # noqa: PLC0415
+            except ImportError:
+                raise ConfigError("data", src.path, "JSON Lines (pyarrow is not installed)",
+                                  "pip install 'trainfit[data]'") from None
+            try:
+                table = (pyarrow.parquet.read_table(src.path) if src.kind == "parquet"
+                         else pyarrow.csv.read_csv(src.path))
+            except Exception as e:  # noqa: BLE001 - pyarrow's errors: one line naming the file
+                raise ConfigError("data", src.path, f"a readable {src.kind} file",
+                                  str(e).splitlines()[0][:160] if str(e) else type(e).__name__) from None
+            for i, row in enumerate(table.slice(0, n - len(out)).to_pylist(), start=1):
+                out.append((f"{src.path} row {i}", row))
+            if len(out) >= n:
+                return out
+    return out
+
+
+def _ids(value: Any, field: str, where: str) -> list[int]:
+    """A list of ints from a JSON list or a CSV cell of whitespace-separated ints."""
+    if isinstance(value, str):
+        value = value.replace(",", " ").replace("[", " ").replace("]", " ").split()
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise ConfigError("data", where, f"{field}: a list of integers",
+                          f"it holds {str(value)[:60]!r}") from None
+
+
+def _missing(field: str, where: str, head: str, row: Mapping[str, Any]) -> ConfigError:
+    keys = ", ".join(list(row)[:10]) or "no fields"
+    return ConfigError("data", where, f"a row with {field}: a {HEADS[head]} needs {NEEDS[head]}",
+                       f"it holds {keys}" + ("; pass --text-field NAME" if "text" in field else ""))
+
+
+def user_rows(cfg: RunConfig, model: HFModel, tok_dir) -> list[dict[str, Any]]:
+    """The first K x M rows of ``--data`` as a tokenized dataset's rows (``input_ids`` and, by head, ``labels``):
+    text tokenized by ``tok_dir``'s tokenizer.json with its special tokens (what ``tokenizer(text)`` gives),
+    token classes aligned to the first token of each word (-100 elsewhere, as transformers' token-classification
+    examples do), everything cut at ``seq_len``.
+
+    Raises:
+        ConfigError: fewer rows than K x M; a row missing a field the head needs, naming the field, the file and
+            row, and what the head needs; a class outside ``num_labels``.
+    """
+    n, head, config = cfg.micro_batch * cfg.accumulation, model.head, model.config
+    records = _records(cfg.data, n)
+    if len(records) < n:
+        raise ConfigError("data", cfg.data, f"at least micro_batch x accumulation = {n} rows",
+                          f"it holds {len(records)}")
+    backend = _backend(tok_dir)
+    cut = cfg.seq_len
+    num_labels = getattr(config, "num_labels", None)
+    out = []
+    for where, rec in records:
+        words = None
+        if "input_ids" in rec:
+            ids = _ids(rec["input_ids"], "input_ids", where)
+        elif isinstance(rec.get(cfg.text_field), str):
+            enc = backend.encode(rec[cfg.text_field])
+            ids, words = list(enc.ids), list(enc.word_ids)
+        else:
+            raise _missing(f"a {cfg.text_field!r} field" + (" (a string)" if cfg.text_field in rec else ""),
+                           where, head, rec)
+        ids = ids[:cut]
+        row: dict[str, Any] = {"input_ids": ids}
+        if head == "sequence":
+            label = next((rec[k] for k in LABEL_FIELDS if rec.get(k) is not None), None)
+            if label is None:
+                raise _missing("a 'label' field", where, head, rec)
+            if num_labels == 1:
+                row["labels"] = float(label)
+            else:
+                try:
+                    row["labels"] = int(label)
+                except (TypeError, ValueError):
+                    raise ConfigError("data", where, f"label: a class id in [0, {num_labels})",
+                                      f"it holds {str(label)[:40]!r}") from None
+                if not 0 <= row["labels"] < (num_labels or 0):
+                    raise ConfigError("data", where, f"label: a class id in [0, {num_labels}) (the model's "
+                                      "num_labels)", f"it holds {row['labels']}")
+        elif head == "token":
+            field = next((k for k in LABEL_FIELDS if rec.get(k) is not None), None)
+            if field is None:
+                raise _missing("a 'labels' field", where, head, rec)
+            if isinstance(rec[field], (int, float)):
+                raise ConfigError("data", where, f"{field}: a list of classes, one per word of {cfg.text_field!r} "
+                                  "(a token classification labels every word)", f"it holds one value {rec[field]!r}")
+            classes = _ids(rec[field], field, where)
+            if words is None:
+                if len(classes) < len(ids):
+                    raise ConfigError("data", where, f"{field}: one class per id of input_ids ({len(ids)})",
+                                      f"it holds {len(classes)}")
+                labels = classes[:len(ids)]
+            else:
+                n_words = len({w for w in words if w is not None})
+                if len(classes) != n_words:
+                    raise ConfigError("data", where, f"{field}: one class per word of {cfg.text_field!r} "
+                                      f"({n_words} words as the tokenizer splits it)", f"it holds {len(classes)}")
+                labels, last = [], None
+                for w in words[:len(ids)]:
+                    labels.append(classes[w] if w is not None and w != last else -100)
+                    last = w
+            bad = [c for c in labels if c != -100 and not 0 <= c < (num_labels or 0)]
+            if bad:
+                raise ConfigError("data", where, f"{field}: class ids in [0, {num_labels}) or -100",
+                                  f"it holds {bad[0]}")
+            row["labels"] = labels
+        elif head == "seq2seq":
+            field = next((k for k in TARGET_FIELDS if rec.get(k) is not None), None)
+            if field is None:
+                raise _missing("a 'target' field", where, head, rec)
+            value = rec[field]
+            row["labels"] = (list(backend.encode(value).ids) if isinstance(value, str)
+                             else _ids(value, field, where))[:cut]
+        elif head == "causal":
+            row["labels"] = list(ids)
+        out.append(row)
+    return out
+
+
+def import_spec(spec: str, field: str, what: str) -> Any:
+    import importlib  # noqa: PLC0415
+
+    mod_name, _, attr = spec.rpartition(":")
+    if not mod_name or not attr:
+        raise ConfigError(field, spec, f"module:callable ({what})")
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module failing at import
+        raise ConfigError(field, spec, f"an importable module:callable ({what})",
+                          f"importing {mod_name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                          ) from None
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+    if obj is None:
+        raise ConfigError(field, spec, f"module:callable ({what})", f"{mod_name!r} has no attribute {attr!r}")
+    return obj
+
+
+def load_collator(spec: str, tokenizer: Any) -> tuple[Callable[[list[dict[str, Any]]], Any], str]:
+    """``module:callable`` -> (the collator, its name). A class (``transformers:DataCollatorWithPadding``) or a
+    function taking ``tokenizer`` is called with the model's tokenizer; any other callable is the collator.
+
+    Raises:
+        ConfigError: not importable, or building it failed (one line naming the spec).
+    """
+    import inspect  # noqa: PLC0415
+
+    obj = import_spec(spec, "collator", "a data collator, its class, or a function of tokenizer returning one")
+    if not callable(obj):
+        raise ConfigError("collator", spec, "a callable: a data collator, its class, or a function of tokenizer",
+                          f"it is a {type(obj).__name__}")
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        params = {}
+    try:
+        if isinstance(obj, type):
+            collator = obj(tokenizer=tokenizer) if "tokenizer" in params else obj()
+        elif "tokenizer" in params and len(params) == 1 or list(params)[:1] == ["tokenizer"]:
+            collator = obj(tokenizer=tokenizer)
+        else:
+            collator = obj
+    except Exception as e:  # noqa: BLE001 - one line naming the spec
+        raise ConfigError("collator", spec, "a collator built from the model's tokenizer",
+                          f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}") from None
+    if not callable(collator):
+        raise ConfigError("collator", spec, "a callable collator (features -> batch)",
+                          f"it returned a {type(collator).__name__}")
+    return collator, type(collator).__name__ if not inspect.isfunction(collator) else collator.__name__
+
+
+def row_seed(seed: int, i: int) -> int:
+    """The seed the ``i``-th row of the window is collated under (torch, ``random`` and numpy): ``seed + i``."""
+    return seed + i
+
+
+def _seeded(fn: Callable[[list[dict[str, Any]]], Any], features: list[dict[str, Any]], seed: int) -> Any:
+    import random  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            return fn(features)
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def collate_rows(cfg: RunConfig, model: HFModel, features: list[dict[str, Any]], tok_dir,
+                 spec: str) -> tuple[list[dict[str, torch.Tensor]], str]:
+    """Each row through the collator alone, once, under :func:`row_seed` (a random mask is drawn once and every
+    run -- the Trainer at K x M, at 1 x KM and the reference -- sees the same): the rows the Trainer pads together.
+
+    Without ``spec``: a masked LM's rows go through ``DataCollatorForLanguageModeling(tokenizer, mlm=True)``;
+    the other heads' rows are their tensors as read.
+
+    Raises:
+        ConfigError: a collator that cannot be built or fails on a row, or returns no labels (one line).
+    """
+    import transformers as tf  # noqa: PLC0415
+
+    name = spec
+    if spec:
+        collator, name = load_collator(spec, hf_tokenizer(tok_dir))
+        name = f"{name} ({spec})"
+    elif model.head == "masked":
+        tok = hf_tokenizer(tok_dir)
+        if tok.mask_token is None:
+            raise ConfigError("tokenizer", str(tok_dir), "a tokenizer with a mask token for a masked LM",
+                              "its tokenizer_config.json names no mask_token; pass --collator module:callable")
+        collator, name = tf.DataCollatorForLanguageModeling(tokenizer=tok, mlm=True), "DataCollatorForLanguageModeling"
+        name = f"{name}(mlm=True), transformers' default for a masked LM"
+    else:
+        rows = [{k: torch.tensor(v) for k, v in f.items()} for f in features]
+        return rows, (f"tokenized by {tok_dir / 'tokenizer.json'}, no --collator: padded as "
+                      "DataCollatorWithPadding pads")
+    rows = []
+    for i, f in enumerate(features):
+        try:
+            batch = _seeded(collator, [dict(f)], row_seed(cfg.seed, i))
+        except Exception as e:  # noqa: BLE001 - one line naming the collator and the field it failed on
+            raise ConfigError("collator", spec or name,
+                              f"a collator of rows with {', '.join(f)} (a {HEADS[model.head]})",
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}") from None
+        row = {}
+        for k, v in dict(batch).items():
+            t = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+            row[k] = t[0] if t.dim() >= 1 and t.shape[0] == 1 else t
+        if "labels" not in row or "input_ids" not in row:
+            raise ConfigError("collator", spec or name, "a collator returning input_ids and labels",
+                              f"it returned {', '.join(row) or 'nothing'}")
+        rows.append(row)
+    return rows, f"collated by {name}, each row once (seed {cfg.seed} + its index)"
 
 
 def replaced(user: Mapping[str, Any] | None) -> tuple[str, ...]:

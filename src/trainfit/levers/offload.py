@@ -1,7 +1,8 @@
 """Offload to host memory: optimizer state (and its step), zero3's parameters, activations.
 
 ``--offload optimizer,params,activations`` names the parts kept in host memory; what that means
-depends on the strategy (:func:`plan_offload`, the pure core, decides and refuses):
+depends on the strategy's row (:mod:`trainfit.levers.offload_rules`, the torch-free rules the planner imports
+too, decides and refuses; this module is the torch shell that carries them out):
 
 ==========================  =========================================================================
 strategy + part             what lives on the host, and what crosses the host link per step
@@ -28,9 +29,10 @@ any + activations           tensors saved for backward are copied to the host in
                             only what the checkpointed blocks keep (their inputs) is offloaded.
 ==========================  =========================================================================
 
-Refused: ``params`` without zero3 (only FSDP2 can gather parameters from the host), zero3 with only
-one of optimizer/params, zero1 + optimizer (``ZeroRedundancyOptimizer`` broadcasts the stepped
-partition with the device's collective, which cannot send host tensors under NCCL).
+Refused (read from each row's ``offload_parts`` and ``offload_refusal``): ``params`` without zero3 (only
+FSDP2 can gather parameters from the host), zero3 with only one of optimizer/params, zero1 + optimizer
+(``ZeroRedundancyOptimizer`` broadcasts the stepped partition with the device's collective, which cannot send
+host tensors under NCCL).
 
 The tracker (:mod:`trainfit.meters.tracker`) counts each storage as device or host: the shell marks
 the host tensors it creates (:func:`~trainfit.meters.tracker.mark_host`) and reports the activations it
@@ -48,99 +50,11 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from trainfit.errors import CheckpointError, ConfigError
+from trainfit.errors import CheckpointError
+from trainfit.levers.offload_rules import OffloadPlan, host_optimizer_bytes, plan_offload, single_device_offload
 from trainfit.levers.precision import Precision
 from trainfit.levers.scaler import AllReduceMax
 from trainfit.meters.tracker import host_scope, mark_host, note_saved
-from trainfit.vocabulary import OffloadPart, StrategyName, parse_offload
-
-_FSDP = (StrategyName.ZERO2, StrategyName.ZERO3)
-
-
-# ---- the pure core --------------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class OffloadPlan:
-    """Which parts go to host memory under which strategy, and by which mechanism (validated when built)."""
-
-    parts: frozenset[OffloadPart]
-    """The parts ``--offload`` named."""
-    strategy: StrategyName
-    """The strategy they are offloaded under."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "strategy", StrategyName(self.strategy))
-        spec = ",".join(sorted(self.parts))
-        o, p = OffloadPart.OPTIMIZER in self.parts, OffloadPart.PARAMS in self.parts
-        if p and self.strategy != StrategyName.ZERO3:
-            raise ConfigError("offload", spec, f"params only with strategy={StrategyName.ZERO3}",
-                              "parameters can be gathered from the host only by FSDP2: use --strategy zero3, "
-                              "or drop params")
-        if self.strategy == StrategyName.ZERO3 and o != p:
-            raise ConfigError("offload", spec, "optimizer and params together under zero3",
-                              "FSDP2's CPUOffloadPolicy moves the sharded parameters, their gradients and the "
-                              "optimizer state together: pass --offload optimizer,params")
-        if o and self.strategy == StrategyName.ZERO1:
-            raise ConfigError("offload", spec, f"optimizer with strategy {StrategyName.DDP} or {StrategyName.ZERO2}",
-                              "ZeroRedundancyOptimizer broadcasts the stepped partition with the device's collective "
-                              "(NCCL cannot send host tensors): use --strategy ddp (the whole state on the host) "
-                              "or zero2")
-
-    @property
-    def host_optimizer(self) -> bool:
-        """The optimizer state and step on the host, by trainfit (:class:`HostOptimizer`): single/ddp."""
-        return OffloadPart.OPTIMIZER in self.parts and self.strategy not in _FSDP
-
-    @property
-    def fsdp_cpu_offload(self) -> bool:
-        """FSDP2's ``CPUOffloadPolicy`` on every unit: zero2 + optimizer, zero3 + optimizer,params."""
-        return OffloadPart.OPTIMIZER in self.parts and self.strategy in _FSDP
-
-    @property
-    def activations(self) -> bool:
-        """Tensors saved for backward go to the host (:class:`HostActivations`)."""
-        return OffloadPart.ACTIVATIONS in self.parts
-
-    def describe(self) -> tuple[str, ...]:
-        """One line per offloaded part: what moves to the host and what crosses the link each step."""
-        lines = []
-        if self.host_optimizer:
-            lines.append("optimizer: fp32 weights (master), their gradients and the optimizer state on the host; "
-                         "the step runs there (gradients down, weights up, once per step)")
-        if self.fsdp_cpu_offload:
-            lines.append("optimizer" + (",params" if self.strategy == StrategyName.ZERO3 else "")
-                         + ": FSDP2 CPUOffloadPolicy -- sharded fp32 parameters, sharded gradients and optimizer "
-                         "state on the host, the step there; parameters gathered from the host "
-                         + ("for forward and again for backward" if self.strategy == StrategyName.ZERO3
-                            else "once per step (kept on the device through backward)"))
-        if self.activations:
-            lines.append("activations: tensors saved for backward copied to the host in forward, back in backward")
-        return tuple(lines)
-
-
-def plan_offload(spec: str, strategy: str) -> OffloadPlan:
-    """``cfg.offload`` under ``cfg.strategy`` -> the plan; raises ConfigError for what cannot be done."""
-    return OffloadPlan(parts=parse_offload(spec), strategy=StrategyName(strategy))
-
-
-def single_device_offload(spec: str, strategy: str) -> str:
-    """The ``offload`` to trace on one device for a run planned under ``strategy`` (the estimator traces
-    single and shards analytically): FSDP2's policy becomes the host optimizer (``params`` dropped; the
-    sharded parameters' move to the host is then the estimator's to apply), the rest as given."""
-    plan = plan_offload(spec, strategy)
-    return ",".join(sorted(p for p in plan.parts if p != OffloadPart.PARAMS))
-
-
-def host_optimizer_bytes(*, n_trainable: int, state_bytes_per_param: int) -> dict[str, int]:
-    """Host bytes of :class:`HostOptimizer` (the policy's arithmetic, for tests and the planner).
-
-    Args:
-        n_trainable: trainable floating-point parameters (elements).
-        state_bytes_per_param: optimizer state per parameter (Adam/AdamW 8, SGD with momentum 4).
-    Returns:
-        ``{"optimizer": fp32 master + state, "grads": fp32 gradient buffers}`` on the host; the device
-        keeps none of either.
-    """
-    return {"optimizer": (4 + state_bytes_per_param) * n_trainable, "grads": 4 * n_trainable}
 
 
 # ---- the torch shell ------------------------------------------------------------------------------------
@@ -358,5 +272,5 @@ def make_offload(spec: str, strategy: str, device: torch.device) -> Offload:
     return Offload(plan=plan_offload(spec, strategy), device=torch.device(device))
 
 
-__all__ = ["OffloadPlan", "plan_offload", "single_device_offload", "host_optimizer_bytes", "HostOptimizer", "HostActivations", "Offload",
-           "make_offload"]
+__all__ = ["OffloadPlan", "plan_offload", "single_device_offload", "host_optimizer_bytes", "HostOptimizer",
+           "HostActivations", "Offload", "make_offload"]

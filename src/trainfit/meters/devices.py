@@ -147,18 +147,21 @@ _FA3 = ("Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608): FlashAttention-2
         "reaches 35% of the H100's peak, a Hopper-native warp-specialised kernel 75%")
 _ASSUMED = ("assumed, no measurement read: streaming kernels at 80% of the datasheet bandwidth, 4 us per kernel, "
             "ring collectives at 80% of the link")
+_MAMF = ("Bekman, ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison "
+         "table' (BF16 matmul, best shape of mamf-finder.py's search): ")
 KERNEL_SHARES: dict[str, KernelShares] = {
-    "ampere": KernelShares(gemm=0.85, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
-                           source=f"GEMM 0.85, attention 0.6: {_FA2}; {_ASSUMED}"),
-    "hopper": KernelShares(gemm=0.75, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
-                           source=f"GEMM 0.75 (cuBLAS's Hopper GEMMs are TMA/WGMMA kernels of that kind), attention "
-                                  f"0.35: {_FA3}; {_ASSUMED}"),
-    "ada": KernelShares(gemm=0.85, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
-                        source=f"as Ampere (the same mma.sync tensor-core path; no Ada figure read): {_FA2}; "
-                               f"{_ASSUMED}"),
-    "cdna3": KernelShares(gemm=0.5, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
-                          source="assumed, no measurement read: GEMM 0.5, attention 0.35 of the datasheet peak (pass "
-                                 f"--calibrate on the device once it measures GEMMs); {_ASSUMED}"),
+    "ampere": KernelShares(gemm=0.859, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                           source=f"GEMM 0.859: {_MAMF}A100 SXM 267.9 of 312 TFLOPS (CUDA 12.1); attention 0.6: "
+                                  f"{_FA2}; {_ASSUMED}"),
+    "hopper": KernelShares(gemm=0.801, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                           source=f"GEMM 0.801: {_MAMF}H100 SXM 792.1 of 989 TFLOPS (CUDA 12.1); attention 0.35: "
+                                  f"{_FA3}; {_ASSUMED}"),
+    "ada": KernelShares(gemm=0.859, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                        source=f"as Ampere (the same mma.sync tensor-core path; no Ada figure read): GEMM {_MAMF}A100 "
+                               f"SXM's 0.859; {_FA2}; {_ASSUMED}"),
+    "cdna3": KernelShares(gemm=0.601, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
+                          source=f"GEMM 0.601: {_MAMF}MI300X 781.9 of 1300 TFLOPS (ROCm 6.2); attention 0.35 assumed, "
+                                 f"no measurement read (pass --calibrate on the device); {_ASSUMED}"),
 }
 """Per GPU generation: the shares ``plan.clock`` prices kernels at, with their sources."""
 

@@ -11,7 +11,8 @@ bound by one of three things, and communication that hides behind them only wher
                 optimizer's update of every parameter it steps, gradient clipping, zeroing
     comm        ring collectives at link x bus_share, (n-1) latencies per call; FSDP's all-gather of unit i
                 behind unit i-1's compute (the first exposed), its reduce-scatter behind the next unit's
-                backward (the last exposed); DDP's buckets behind backward (the last bucket exposed)
+                backward (the last exposed); DDP's buckets behind backward (the last bucket exposed); HSDP's
+                cross-node all-reduce of each unit's shard behind the next units' backward (the last exposed)
 
 The op list comes from the model's shape (:class:`ModelOps`: the same transformer the analytic memory basis
 counts); recompute is priced as the share of the forward the basis says checkpointing reruns. Every
@@ -50,11 +51,15 @@ class DeviceClock:
     eager_share: float = 1.0
     """Share of the kernel-priced rate an eager PyTorch step sustains (launch gaps, hooks, the allocator,
     collectives sharing the SMs): every kernel's time is divided by it. 1.0: kernels back to back."""
+    gemm_shares: dict[str, float] = field(default_factory=dict)
+    """Large-GEMM share per dtype where one was measured on the device (``plan --calibrate`` on CUDA:
+    ``probes.calibrate.calibrated_clock_facts``); a dtype not in it runs at ``gemm_share``."""
     sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("gemm_share", "attention_share", "hbm_share", "bus_share", "eager_share"):
-            v = getattr(self, name)
+        shares = [(n, getattr(self, n)) for n in ("gemm_share", "attention_share", "hbm_share", "bus_share",
+                                                   "eager_share")]
+        for name, v in shares + [(f"gemm_shares[{d!r}]", v) for d, v in self.gemm_shares.items()]:
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"{name}={v!r} is not valid; allowed: a share in (0, 1]")
         if not self.hbm_bytes_per_s > 0 or self.kernel_s < 0:
@@ -65,6 +70,10 @@ class DeviceClock:
         """Achievable bytes/s of a streaming kernel."""
         return self.hbm_bytes_per_s * self.hbm_share
 
+    def gemm_rate(self, dtype: str) -> float:
+        """FLOP/s of a large GEMM in ``dtype``: the dense peak at this dtype's measured share, else ``gemm_share``."""
+        return self.peak_flops[dtype] * self.gemm_shares.get(dtype, self.gemm_share)
+
 
 # -- the terms, one function each (tested against hand calculations in tests/plan/test_clock.py) --------------------
 def gemm_seconds(m: float, n: float, k: float, *, dtype: str, elem_bytes: int, dev: DeviceClock) -> float:
@@ -73,7 +82,7 @@ def gemm_seconds(m: float, n: float, k: float, *, dtype: str, elem_bytes: int, d
     bandwidth-bound and runs below the large-GEMM rate; a tiny one pays mostly the fixed cost."""
     flops = 2.0 * m * n * k
     moved = elem_bytes * (m * k + k * n + m * n)
-    return max(flops / (dev.peak_flops[dtype] * dev.gemm_share), moved / dev.hbm_rate) + dev.kernel_s
+    return max(flops / dev.gemm_rate(dtype), moved / dev.hbm_rate) + dev.kernel_s
 
 
 def memory_seconds(nbytes: float, *, dev: DeviceClock, kernels: float = 1.0) -> float:
@@ -97,6 +106,24 @@ def overlapped(comm_per_unit: float, compute_per_unit: float, units: int) -> flo
     if units <= 0:
         return 0.0
     return comm_per_unit + (units - 1) * max(0.0, comm_per_unit - compute_per_unit)
+
+
+def hsdp_all_reduce(grad_bytes: float, *, shard_over: int, replicas: int, units: int, backward_s: float,
+                    bandwidth_bytes_per_s: float, bus_share: float, latency_s: float = 0.0) -> tuple[float, float]:
+    """(total, exposed) seconds of HSDP's cross-replica gradient all-reduce in one synced backward.
+
+    HSDP shards within a group of ``shard_over`` devices (a node) and replicates across ``replicas`` groups
+    (nodes). After each unit's reduce-scatter inside the group, every device holds its 1/``shard_over`` shard
+    of that unit's gradients and all-reduces it with the devices of the same rank in the other replicas: a
+    ring all-reduce of ``grad_bytes / shard_over / units`` over ``replicas`` devices on the inter-node link
+    (``bandwidth_bytes_per_s`` per device at ``bus_share``). Each runs behind the backward of the units after
+    it (:func:`overlapped`: the last unit's is exposed in full, the others only where they outlast a unit's
+    backward, ``backward_s / units``). One group (``replicas`` = 1) sends nothing."""
+    if replicas <= 1 or units < 1:
+        return 0.0, 0.0
+    per_unit = ring_seconds(grad_bytes / shard_over / units, replicas, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                            bus_share=bus_share, latency_s=latency_s, all_reduce=True)
+    return units * per_unit, overlapped(per_unit, backward_s / units, units)
 
 
 # -- the model's ops ---------------------------------------------------------------------------------------------

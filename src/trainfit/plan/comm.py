@@ -30,10 +30,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainfit.vocabulary import STRATEGIES, strategy_facts
+from trainfit.vocabulary import distributed_strategies, strategy_facts
 
-DISTRIBUTED = tuple(s.name for s in STRATEGIES.values() if s.distributed)
-"""The strategies the comm model prices (the single-device one sends nothing)."""
+
+def __getattr__(name: str):
+    # DISTRIBUTED: the strategies the comm model prices (the single-device one sends nothing), read from the
+    # table when asked for, so a row registered after import is priced too
+    if name == "DISTRIBUTED":
+        return distributed_strategies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _ring_factor(op: str, n: int) -> float:
@@ -45,8 +50,8 @@ def _ring_steps(op: str, n: int) -> int:
 
 
 def _check(n: int, grad_bytes: float, param_bytes: float, accumulation: int, strategy: str) -> None:
-    if strategy not in DISTRIBUTED:
-        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(DISTRIBUTED)}")
+    if strategy not in (known := distributed_strategies()):
+        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(known)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} is not valid; allowed: an integer >= 1 (devices)")
     if grad_bytes < 0 or param_bytes < 0:
@@ -67,7 +72,7 @@ def bytes_per_step(strategy: str, *, n: int, grad_bytes: float, param_bytes: flo
     """Bytes each device sends per optimizer step (0 for n = 1).
 
     Args:
-        strategy: a distributed strategy (:data:`DISTRIBUTED`).
+        strategy: a distributed strategy (``distributed_strategies()``).
         n: number of devices.
         grad_bytes: bytes of all gradients as communicated (e.g. 4 x parameters for fp32 grads).
         param_bytes: bytes of all parameters as gathered (defaults to ``grad_bytes``).
@@ -179,8 +184,8 @@ def collective_calls(strategy: str, *, grad_bytes: float, n_param_tensors: int, 
         grad_clip: the engine clips the global gradient norm (default config: yes).
         loss_scaling: fp16 dynamic loss scaling (an overflow-flag all-reduce per step).
     """
-    if strategy not in DISTRIBUTED:
-        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(DISTRIBUTED)}")
+    if strategy not in (known := distributed_strategies()):
+        raise ValueError(f"strategy={strategy!r} is not modelled; choose one of: {', '.join(known)}")
     if accumulation < 1 or n_param_tensors < 0 or fsdp_units < 0 or grad_bytes < 0:
         raise ValueError(f"accumulation={accumulation!r}, n_param_tensors={n_param_tensors!r}, "
                          f"fsdp_units={fsdp_units!r}, grad_bytes={grad_bytes!r}: need accumulation >= 1, rest >= 0")

@@ -15,6 +15,9 @@ token of one block, counted from the ops of ``levers.checkpointing`` (its ``SAVE
 Plus the block's input, which a checkpointed block keeps alive (residual dtype). Measured against the
 tracker on gpt-tiny and a tiny Llama in ``tests/levers/test_selective_checkpointing.py``.
 
+How many blocks ``budget:F`` checkpoints, and which blocks each policy takes, are the lever's rules
+(``levers/checkpointing_rules.py``: ``budget_block_count``, ``select_blocks``), imported here, not restated.
+
 How ``analytic_basis`` uses it (the lead's file; not edited here)::
 
     sel = selective_cost(shape, seq_len)            # "selective": every block
@@ -31,8 +34,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainfit.levers.checkpointing_rules import budget_block_count, select_blocks
 from trainfit.plan.shapes import TransformerShape
-from trainfit.vocabulary import EveryKthBlock, MemoryBudget, NoCheckpointing, parse_checkpoint_policy
+from trainfit.vocabulary import ByClassName, MemoryBudget, parse_checkpoint_policy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,18 +67,6 @@ def selective_cost(shape: TransformerShape, seq_len: int) -> SelectiveCost:
                          recompute_flops_per_token=flops)
 
 
-def budget_block_count(n_blocks: int, fraction: float, kept_ratio: float) -> int:
-    """The fewest whole blocks to checkpoint so the blocks keep at most ``fraction`` of their un-checkpointed
-    bytes: ``c >= L (1 - F) / (1 - r)``, capped at L (``r``: bytes a checkpointed block keeps, its input,
-    over the bytes it keeps un-checkpointed). The same rule as ``levers.checkpointing.budget_block_count``
-    (a test holds them equal; the lever sits below the planner's layer and imports torch)."""
-    if n_blocks <= 0 or fraction >= 1.0:
-        return 0
-    if kept_ratio >= 1.0:
-        return n_blocks
-    return min(n_blocks, math.ceil(n_blocks * (1.0 - fraction) / (1.0 - kept_ratio) - 1e-9))
-
-
 def kept_ratio(shape: TransformerShape, *, residual_bytes: int, compute_bytes: int) -> float:
     """Bytes a checkpointed block keeps (its input) over the bytes it saves un-checkpointed, per token."""
     resid, mm = shape.saved_elems_per_token()
@@ -91,15 +83,14 @@ def budget_indices(shape: TransformerShape, fraction: float, *, residual_bytes: 
 
 def checkpointed_indices(spec: str, shape: TransformerShape, *, residual_bytes: int = 4,
                          compute_bytes: int = 4) -> frozenset[int]:
-    """The blocks a policy checkpoints (whole, or op level for ``selective``), every spec included."""
+    """The blocks a policy checkpoints (whole, or op level for ``selective``), every spec included: the lever's own
+    :func:`~trainfit.levers.checkpointing_rules.select_blocks` on the shape's blocks (named by index)."""
     policy, n = parse_checkpoint_policy(spec), shape.n_layer
-    if isinstance(policy, NoCheckpointing):
-        return frozenset()
-    if isinstance(policy, EveryKthBlock):
-        return frozenset(range(0, n, policy.k))
-    if isinstance(policy, MemoryBudget):
-        return budget_indices(shape, policy.fraction, residual_bytes=residual_bytes, compute_bytes=compute_bytes)
-    return frozenset(range(n))  # full, selective (op level, in every block), class:Name on a transformer
+    if isinstance(policy, ByClassName):
+        return frozenset(range(n))  # the planner knows no module classes: class:Name taken as every block
+    ratio = (kept_ratio(shape, residual_bytes=residual_bytes, compute_bytes=compute_bytes)
+             if isinstance(policy, MemoryBudget) else 0.0)
+    return frozenset(int(b) for b in select_blocks(policy, [str(i) for i in range(n)], [], kept_ratio=ratio))
 
 
 __all__ = ["SelectiveCost", "budget_block_count", "budget_indices", "checkpointed_indices", "kept_ratio",

@@ -22,8 +22,27 @@ from trainfit.plan.rules import Context, broken_rules
 from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PRECISIONS, STRATEGIES, GradSync
 
-PRECISION_CHOICES = tuple(PRECISIONS)
-STRATEGY_CHOICES = tuple(STRATEGIES)
+
+def precision_choices() -> tuple[str, ...]:
+    """The precisions the planner searches by default: the table's rows as they are when called."""
+    return tuple(PRECISIONS)
+
+
+def strategy_choices() -> tuple[str, ...]:
+    """The strategies the planner searches by default: the table's rows as they are when called (a row
+    registered after import, ``vocabulary.register_strategy``, counts)."""
+    return tuple(STRATEGIES)
+
+
+def __getattr__(name: str):
+    # PRECISION_CHOICES / STRATEGY_CHOICES, read when asked for: a module constant would copy the table at import
+    if name == "PRECISION_CHOICES":
+        return precision_choices()
+    if name == "STRATEGY_CHOICES":
+        return strategy_choices()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 CHECKPOINT_CHOICES = ("none", "every:2", "full")
 GRAD_SYNC_CHOICES = tuple(GradSync)
 
@@ -38,9 +57,9 @@ class SearchSpace:
     """Per-device memory."""
     headroom: float = 0.10
     """Share of device memory kept free (allocator fragmentation, CUDA context, spikes)."""
-    precisions: tuple[str, ...] = PRECISION_CHOICES
+    precisions: tuple[str, ...] = field(default_factory=precision_choices)
     checkpointings: tuple[str, ...] = CHECKPOINT_CHOICES
-    strategies: tuple[str, ...] = STRATEGY_CHOICES
+    strategies: tuple[str, ...] = field(default_factory=strategy_choices)
     micro_batches: tuple[int, ...] = ()
     """Micro-batch sizes to try (empty: :func:`micro_batch_choices` of the per-device share)."""
     compiles: tuple[bool, ...] = (False,)

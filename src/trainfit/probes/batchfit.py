@@ -17,8 +17,12 @@ from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
 from trainfit.probes.estimate import estimate_memory
 from trainfit.probes.memory import measure_memory
+from trainfit.progress import logger, stage
 from trainfit.results import MemoryReport
 from trainfit.units import fmt_bytes
+
+
+log = logger("memory")
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
@@ -129,7 +133,13 @@ def fit_batch_scaling(cfg: RunConfig, *, batches: Sequence[int] | None = None, m
         batches = (b, second_batch(b))
     fn = estimate_memory if method == "estimate" else measure_memory
     done = {r.batch: r for r in reports}
-    for b in batches:
-        if b not in done:
+    todo = [b for b in dict.fromkeys(batches) if b not in done]
+    if len(todo) < len(set(batches)):
+        log.debug("memory: batch scaling from the reports already made at micro-batches %s",
+                  ", ".join(str(b) for b in dict.fromkeys(batches) if b not in todo))
+    verb = "estimating micro-batch" if method == "estimate" else "measuring micro-batch"
+    with stage("memory", len(todo), verb=verb, log=log) as said:  # each report's own lines are debug
+        for b in todo:
+            said.step(f"{b} of {', '.join(map(str, batches))}, for the batch scaling")
             done[b] = fn(cfg, batch=b)
     return scaling_from_reports([done[b] for b in batches])

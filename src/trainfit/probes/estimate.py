@@ -46,9 +46,12 @@ from trainfit.probes.memory import (
     with_batch,
 )
 from trainfit.plan.basis import BASIS_BATCHES
+from trainfit.progress import logger, say
 from trainfit.results import MemoryReport, fold_modules, precision_notes
 from trainfit.run import build_run, task_of
 from trainfit.vocabulary import PARTS, STRATEGIES, EveryKthBlock, MemoryBudget, StrategyName, strategy_facts
+
+log = logger("memory")
 
 SHORTCUT_DEPTHS = (3, 4)
 """Block counts traced by the shortcut (the smallest with distinct first/second/second-to-last/last)."""
@@ -329,6 +332,9 @@ def estimate_memory(cfg: RunConfig, *, batch: Any = None, world_size: int = 1,
     if given is None:
         given = example_batch(task, cfg.micro_batch)
     why_not = shortcut_applies(cfg, task) if shortcut else "shortcut off"
+    say(log, "memory: tracing one step of %s on fake tensors (%s, checkpointing %s, micro-batch %s x accumulation "
+        "%d; %s) ...", cfg.model, cfg.precision, cfg.checkpointing.spec, cfg.micro_batch, cfg.accumulation,
+        "3 and 4 blocks, extrapolated" if not why_not else why_not)
     with target_kernels(target) as kernels:
         report = None if why_not else _extrapolate(cfg, task, given)
         if report is None:
@@ -526,6 +532,8 @@ def window_reports(cfg: RunConfig, batches: tuple[int, int] = BASIS_BATCHES, *, 
     cfg = dataclasses.replace(cfg, strategy=StrategyName.SINGLE, devices=1, accumulation=2, micro_batch=batches[0])
     task = task_of(cfg)
     depths, unit, why_not = shortcut_depths(cfg, task)
+    log.debug("plan: tracing the windows of %s (%s, checkpointing %s; %s) ...", cfg.model, cfg.precision,
+              cfg.checkpointing.spec, f"{depths[0]} and {depths[1]} of {task.depth} blocks" if depths else why_not)
     classes = None
     if depths is not None:
         st_a, st_b = (_trace_windows(_with_depth(cfg, task.depth_key, d), batches, unit, target) for d in depths)

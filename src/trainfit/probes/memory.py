@@ -16,14 +16,18 @@ from typing import Any
 
 import torch
 
+import trainfit.logs as logs
 from trainfit.config import RunConfig
 from trainfit.errors import ConfigError
 from trainfit.meters.tracker import MemoryTracker, memory_cap
+from trainfit.progress import logger, say
 from trainfit.results import MemoryReport, fold_modules, precision_notes
 from trainfit.run import Run, build_run
 from trainfit.tasks.base import to_device
 
 _WARMUP_TRIES = 8  # fp16 may skip the first steps on overflow; optimizer state needs one real step
+
+log = logger("memory")
 
 
 def with_batch(cfg: RunConfig, batch: Any) -> tuple[RunConfig, Any]:
@@ -149,14 +153,24 @@ def measure_memory(cfg: RunConfig, *, batch: Any = None, run: Run | None = None)
         run: an already built run (advanced; ``build_run(cfg)`` otherwise).
     Returns:
         A :class:`MemoryReport` with method="measured".
+
+    Progress goes to the ``trainfit.memory`` logger (:mod:`trainfit.progress`); once the warm-up step has run, the
+    job is accepted (``trainfit.logs.accept``: a held stderr prints what it held and writes through).
     """
     t0 = time.perf_counter()
     cfg, given = with_batch(cfg, batch)
-    run = run or build_run(cfg)
+    if run is None:
+        say(log, "memory: building the run (%s, %s, checkpointing %s, %s) ...", cfg.model, cfg.precision,
+            cfg.checkpointing.spec, cfg.optimizer)
+        run = build_run(cfg)
     mb = given if given is not None else example_batch(run.task, cfg.micro_batch)
     mb = to_device(mb, run.strategy.device)
     micro_batches = [mb] * cfg.accumulation
+    shape = f"micro-batch {batch_size_of(mb)} x accumulation {cfg.accumulation}"
+    say(log, "memory: warm-up step (%s) so that the optimizer state exists ...", shape)
     warm_up(run, micro_batches)  # its leftovers are freed by refcount; no gc.collect (slow with HF loaded)
+    logs.accept()  # the run is built and steps: what was held on stderr prints, progress writes through
+    say(log, "memory: measuring one step (%s) under the memory tracker ...", shape)
     cuda = run.strategy.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
@@ -166,8 +180,11 @@ def measure_memory(cfg: RunConfig, *, batch: Any = None, run: Run | None = None)
     stats: tuple[int | None, int | None] = (None, None)
     if cuda:
         stats = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
-    return build_report(run, tracker, method="measured", batch=batch_size_of(mb), masters=masters_of(run),
-                        wall_s=time.perf_counter() - t0, device_stats=stats)
+    report = build_report(run, tracker, method="measured", batch=batch_size_of(mb), masters=masters_of(run),
+                          wall_s=time.perf_counter() - t0, device_stats=stats)
+    say(log, "memory: measured in %.1f s: peak %s bytes in %s", report.wall_s, f"{report.peak_bytes:,}",
+        report.peak_phase)
+    return report
 
 
 __all__ = ["measure_memory", "memory_cap", "MemoryTracker", "tracked_step", "example_batch"]

@@ -32,6 +32,7 @@ from trainfit.checkpoint import atomic_write_bytes
 from trainfit.config import RunConfig
 from trainfit.errors import TrainfitError
 from trainfit.outputs import mark_non_finite
+from trainfit.progress import inner
 from trainfit.probes.estimate import estimate_memory
 from trainfit.probes.memory import example_batch, new_tracker, tracked_step
 from trainfit.results import fold_modules
@@ -117,7 +118,8 @@ def rank_changes(changes: list[Change]) -> Change | None:
 
 def _estimate(cfg: RunConfig, devices: int):
     strategy = cfg.strategy if devices > 1 else StrategyName.SINGLE
-    return estimate_memory(cfg, world_size=devices, strategy=strategy)
+    with inner():  # pricing a lever for the error's advice: no progress lines before the one error
+        return estimate_memory(cfg, world_size=devices, strategy=strategy)
 
 
 ACTIVATION_LEVERS = ("micro-batch", "checkpointing")

@@ -26,7 +26,9 @@ advice can say when the chosen precision is the slow part (``advice.PRECISION_SL
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import statistics
@@ -36,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+import trainfit.logs as logs
+import trainfit.progress as progress
 from trainfit.data import make_loader
 from trainfit.errors import ConfigError, check_int, check_number
 from trainfit.levers.checkpointing import CheckpointPolicy, NoCheckpointing, apply_checkpointing
@@ -51,6 +55,8 @@ from trainfit.run import Run, build_run
 from trainfit.tasks.base import to_device
 from trainfit.units import fmt_bytes
 from trainfit.vocabulary import PRECISIONS, Dtype, PrecisionName
+
+log = progress.logger("profile")
 
 PARTS = ("data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_exposed_s", "rest_s", "step_s")
 
@@ -123,37 +129,52 @@ def _split_sync(ph: dict[str, float], accumulation: int, world_size: int) -> tup
     return nosync + sync - exposed, exposed
 
 
-def run_steps(run: Run, batches, *, steps: int, warmup: int, flops: FlopCounter | None = None) -> list[dict]:
-    """Warm-up + ``steps`` timed optimizer steps; one dict of seconds (and counts, FLOPs) per step."""
+def run_steps(run: Run, batches, *, steps: int, warmup: int, flops: FlopCounter | None = None,
+              said: bool = False) -> list[dict]:
+    """Warm-up + ``steps`` timed optimizer steps; one dict of seconds (and counts, FLOPs) per step. ``said``: each
+    step is said on the ``trainfit.profile`` logger (``profile: step 3/13 (timed) ...``, rate-limited).
+
+    A step that ran accepts the job (``trainfit.logs.accept``: a held stderr prints and writes through)."""
     st, cfg = run.strategy, run.cfg
     timer = PhaseTimer(st.device)
     timed = TimedStrategy(st, timer)
     rows = []
-    for i in range(warmup + steps):
-        timed.calls = 0
-        t0 = time.perf_counter()
-        host = [next(batches) for _ in range(cfg.accumulation)]  # blocks on the loader
-        t1 = time.perf_counter()
-        with timer.phase("h2d"):
-            mbs = [to_device(mb, st.device) for mb in host]
-        res = run.step(mbs, timer=timer, strategy=timed)
-        ph = timer.collect()  # CUDA: synchronizes
-        t2 = time.perf_counter()
-        if i < warmup:
-            continue
-        backward, hidden_sync = _split_sync(ph, cfg.accumulation, st.world_size)
-        row = {"data_wait_s": t1 - t0, "h2d_s": ph.get("h2d", 0.0), "forward_s": ph.get("forward", 0.0),
-               "backward_s": backward, "optimizer_s": ph.get("optimizer", 0.0),
-               "comm_exposed_s": ph.get("comm", 0.0) + hidden_sync, "step_s": t2 - t0,
-               "comm_explicit_s": ph.get("comm", 0.0), "grad_sync_exposed_s": hidden_sync,
-               "count": res.count / st.world_size, "samples": sum(_batch_len(mb) for mb in host),
-               "collectives": timed.calls}
-        row["rest_s"] = max(0.0, row["step_s"] - sum(row[k] for k in PARTS[:-2]))
-        f = flops.step(host) if flops is not None else None  # outside the timed window; cached by shape
-        if f is not None:
-            row["model_flops"], row["hardware_flops"] = f.model_flops, f.hardware_flops
-        rows.append(row)
+    with progress.stage("profile", warmup + steps, verb="step", log=log) if said else contextlib.nullcontext() as s:
+        for i in range(warmup + steps):
+            if said:
+                s.step("warm-up" if i < warmup else "timed")
+            rows.extend(_one_step(run, batches, timer, timed, flops, timed_step=i >= warmup))
+            logs.accept()  # a step ran: the job is accepted
     return rows
+
+
+def _one_step(run: Run, batches, timer: PhaseTimer, timed: TimedStrategy, flops: FlopCounter | None, *,
+              timed_step: bool) -> list[dict]:
+    """One step of :func:`run_steps`: its row, or none for a warm-up step."""
+    st, cfg = run.strategy, run.cfg
+    timed.calls = 0
+    t0 = time.perf_counter()
+    host = [next(batches) for _ in range(cfg.accumulation)]  # blocks on the loader
+    t1 = time.perf_counter()
+    with timer.phase("h2d"):
+        mbs = [to_device(mb, st.device) for mb in host]
+    res = run.step(mbs, timer=timer, strategy=timed)
+    ph = timer.collect()  # CUDA: synchronizes
+    t2 = time.perf_counter()
+    if not timed_step:
+        return []
+    backward, hidden_sync = _split_sync(ph, cfg.accumulation, st.world_size)
+    row = {"data_wait_s": t1 - t0, "h2d_s": ph.get("h2d", 0.0), "forward_s": ph.get("forward", 0.0),
+           "backward_s": backward, "optimizer_s": ph.get("optimizer", 0.0),
+           "comm_exposed_s": ph.get("comm", 0.0) + hidden_sync, "step_s": t2 - t0,
+           "comm_explicit_s": ph.get("comm", 0.0), "grad_sync_exposed_s": hidden_sync,
+           "count": res.count / st.world_size, "samples": sum(_batch_len(mb) for mb in host),
+           "collectives": timed.calls}
+    row["rest_s"] = max(0.0, row["step_s"] - sum(row[k] for k in PARTS[:-2]))
+    f = flops.step(host) if flops is not None else None  # outside the timed window; cached by shape
+    if f is not None:
+        row["model_flops"], row["hardware_flops"] = f.model_flops, f.hardware_flops
+    return [row]
 
 
 def task_flop_counter(task, policy: CheckpointPolicy) -> FlopCounter:
@@ -333,7 +354,9 @@ def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], s
     mine: list[float] = []
     times: dict[str, float] = {}
     notes: list[str] = []
+    said = progress.Stage(log, "profile", len(candidates), verb="precision probe", every_s=1.0)
     for p in candidates:
+        said.step(f"{p} against {chosen}, steps in turn")
         other = None
         try:
             other = build_run(dataclasses.replace(cfg, precision=p), strategy=st)
@@ -445,10 +468,14 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
     flops = task_flop_counter(run.task, cfg.checkpointing)
     batches = step_batches(run, cfg.micro_batch)
     first_s = graphs = None
+    say = functools.partial(progress.say, log)
     if run.compiled:  # the first step compiles: timed on its own, apart from the warm-up and timed steps
+        say("profile: first step, which compiles the graphs (--compile) ...")
         first_s = run_steps(run, batches, steps=1, warmup=0)[0]["step_s"]
         graphs = run.compiled.graphs()
-    rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops)
+    say("profile: %d warm-up and %d timed steps of %s (micro-batch %s x accumulation %d) ...", options.warmup,
+        options.steps, cfg.model, cfg.micro_batch, cfg.accumulation)
+    rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops, said=True)
     recompiles = run.compiled.graphs() - graphs if run.compiled else None  # before the probes build other runs
     parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}
     med = {k: v["median"] for k, v in parts.items()}
@@ -463,6 +490,8 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
     achieved_hw = sum(r["hardware_flops"] for r in counted) / counted_s
     busy, trace = (None, None)
     if st.device.type == "cuda" or options.trace_dir:
+        say("profile: %d more steps under torch.profiler (device timeline%s) ...", min(3, options.steps),
+            ", trace written" if options.trace_dir else "")
         busy, trace = _timeline(run, batches, min(3, options.steps), options.trace_dir)
     if busy is None:  # CPU: share of the step spent computing
         busy = frac["h2d_s"] + frac["forward_s"] + frac["backward_s"] + frac["optimizer_s"]
@@ -470,14 +499,20 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
     gain, rates, probe_note = (None, None, "not probed")
     suggested, fit_note = None, ""
     if options.batch_probe:
+        say("profile: batch probe: steps at micro-batch %s and %s in turn ...", cfg.micro_batch, 2 * cfg.micro_batch)
         gain, rates, probe_note = _probe_batch(run, options)
         if gain is not None and gain > options.thresholds.batch_gain:
-            suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
+            say("profile: the larger micro-batch is %.0f%% faster: fitting the micro-batch to memory (measured "
+                "memory reports) ...", 100 * gain)
+            with progress.inner():  # each memory report's own lines are debug
+                suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
     precision_times, precision_note = ({}, "not probed")
     if options.precision_probe and run.compiled:  # each candidate would compile its own graphs first
         precision_note = "not probed under --compile (each precision compiles its own graphs; compare eagerly)"
     elif options.precision_probe:
         precision_times, precision_note = probe_precision(run, options)
+    say("profile: predicting scale-out (%s) ...", "bandwidth given" if options.bandwidth_bytes_per_s is not None
+        else "measuring the interconnect bandwidth")
     samples = [r["step_s"] - r["data_wait_s"] - r["comm_exposed_s"] for r in rows]  # per-step compute
     compute_s = statistics.median(samples)
     # On one process the accumulation window skips its token-count all-reduce; n > 1 ranks run it.

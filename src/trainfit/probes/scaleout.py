@@ -17,8 +17,11 @@ import torch
 
 from trainfit.meters import devices as hardware
 from trainfit.plan import comm
+from trainfit.progress import logger, say
 from trainfit.run import Run
 from trainfit.vocabulary import strategy_facts
+
+log = logger("profile")
 
 NS = (1, 2, 4, 8, 16, 32, 64)
 """Device counts of the predicted curves."""
@@ -31,6 +34,7 @@ def bandwidth(run: Run, opts, grad_bytes: int) -> tuple[float | None, float, str
     st = run.strategy
     if st.world_size > 1:  # time real all-reduces on the live process group
         n = st.world_size
+        say(log, "profile: timing all-reduces on the live %d-process group (5 small, 5 large) ...", n)
         # At least 16 MiB, so that the bandwidth term outweighs latency and noise.
         big = torch.zeros(min(max(grad_bytes, 16 * 2**20), 64 * 2**20) // 4, device=st.device)
         small = torch.zeros(1, device=st.device)
@@ -52,6 +56,7 @@ def bandwidth(run: Run, opts, grad_bytes: int) -> tuple[float | None, float, str
         return bw, latency if opts.latency_s is None else opts.latency_s, \
             f"measured: all-reduce of {big.numel() * 4:,} bytes on the live {n}-process group"
     if st.device.type == "cpu":
+        say(log, "profile: measuring TCP loopback bandwidth (gloo's path between processes on this host) ...")
         bw, latency = hardware.measure_loopback()
         return bw, latency if opts.latency_s is None else opts.latency_s, \
             "measured: TCP loopback on 127.0.0.1 (gloo's path between processes on this host)"

@@ -529,12 +529,21 @@ def read_config(path: Path, notes: list[str]) -> str:
     return text or ""
 
 
+def _flat(values: dict[str, Any]) -> dict[str, Any]:
+    """config.toml's keys: its section tables' keys ([levers] precision ...), or the flat keys of older runs."""
+    flat = {k: v for k, v in values.items() if not isinstance(v, dict)}
+    for table in values.values():
+        if isinstance(table, dict):
+            flat.update(table)
+    return flat
+
+
 def parse_config(text: str, notes: list[str]) -> Setup | None:
     """The run's levers from config.toml's text; None (with a note when there was text) when not readable."""
     if not text.strip():
         return None
     try:
-        values = tomllib.loads(text)
+        values = _flat(tomllib.loads(text))
     except (tomllib.TOMLDecodeError, RecursionError) as e:
         notes.append(f"config.toml: not readable as TOML ({_one_line(str(e), 120)}); the sections are not compared "
                      "with the run's configuration")

@@ -14,7 +14,7 @@ from trainfit.strategies.compat import resolve_accumulation
 from trainfit.strategies.ddp import DDP, Zero1
 from trainfit.strategies.single import Single
 from trainfit.strategies.zero import FSDP
-from trainfit.vocabulary import DISTRIBUTED, STRATEGIES, StrategyName, check_compatible
+from trainfit.vocabulary import STRATEGIES, StrategyName, check_compatible, distributed_strategies
 
 LAUNCH_HINT = "launch with `torchrun --nproc_per_node=N -m trainfit train ...` or `trainfit train --devices N`"
 
@@ -31,7 +31,7 @@ def make_strategy(cfg) -> Strategy:
     facts = STRATEGIES[StrategyName(cfg.strategy)]
     if not facts.distributed:
         if world is not None and world.world_size > 1:
-            raise ConfigError("strategy", cfg.strategy, DISTRIBUTED,
+            raise ConfigError("strategy", cfg.strategy, distributed_strategies(),
                               f"{world.world_size} processes were launched; each would train its own copy")
         return Single(world.device if world else "cpu")
     if world is None:

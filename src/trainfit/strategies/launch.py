@@ -95,8 +95,14 @@ REFUSALS_ENV = "TRAINFIT_REFUSALS"
 line (``rank-N.txt``) instead of printing it, so the launcher prints it once."""
 
 
-def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0, refusals: str | Path | None = None) -> None:
+def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0, refusals: str | Path | None = None,
+           nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500) -> None:
     """Run ``python -m trainfit <child_argv>`` in ``nproc`` processes through torch.distributed.run.
+
+    ``nnodes`` 1: standalone (a c10d rendezvous on a free loopback port). More: these ``nproc`` processes are
+    node ``node_rank`` of ``nnodes`` (torchrun's static rendezvous at ``master_addr:master_port``, which node 0
+    hosts; global ranks ``node_rank * nproc + local rank``), as ``torchrun --nnodes --node-rank --master-addr
+    --master-port`` starts them.
 
     ``refusals``: a directory the workers write their refusals to (:func:`relay_refusal`); once one is there,
     torch's launcher logs nothing more (its line per failed worker): the caller prints the refusal, once. Its
@@ -110,11 +116,14 @@ def launch(nproc: int, child_argv: list[str], *, max_restarts: int = 0, refusals
 
     from torch.distributed.run import parse_args, run
 
-    bind_gloo_to_loopback()  # inherited by the workers
+    if nnodes == 1 or _is_loopback(master_addr):
+        bind_gloo_to_loopback()  # inherited by the workers (a job spread over machines keeps gloo's own choice)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torch's launcher sets for several workers, unannounced
     if refusals is not None:
         os.environ[REFUSALS_ENV] = str(refusals)
-    args = parse_args(["--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
+    where = ["--standalone"] if nnodes == 1 else [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
+                                                   f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    args = parse_args([*where, f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}",
                        "--no-python", sys.executable, "-m", "trainfit", *child_argv])
     quiet = _QuietAfterRefusal(refusals)
     handlers = [h for name in ("torch", "torch.distributed") for h in logging.getLogger(name).handlers]
