@@ -297,3 +297,20 @@ def test_the_config_page_lists_every_key_under_its_section_and_its_examples_load
     assert cfg == RunConfig(precision=PrecisionName.BF16_MIXED, micro_batch=4, lr=1e-3, steps=60)
     assert tomllib.loads(namespace["text"]) == {"levers": {"precision": "bf16-mixed", "micro_batch": 4},
                                                 "schedule": {"lr": 1e-3, "steps": 60}}
+
+
+def test_a_field_that_names_a_section_given_a_table_is_refused_naming_the_field(tmp_path):
+    """`model`, `data` and `schedule` are fields and sections: `model = {a = 0}` beside flat keys is the field
+    given a table (found by the property test of tests/reliability/test_bad_input.py), while `[model]` holding
+    model keys is the section and an empty `[data]` table is an empty section."""
+    from trainfit.config import load_toml
+    from trainfit.errors import ConfigError
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('lr = 0.1\nmodel = {a = 0}\n')
+    with pytest.raises(ConfigError) as e:
+        load_toml(bad)
+    assert "model=" in str(e.value) and "a value, not a table" in str(e.value)
+    good = tmp_path / "good.toml"
+    good.write_text('[model]\nmodel = "gpt-tiny"\n[data]\n[schedule]\nlr = 0.1\n')
+    assert load_toml(good) == {"model": "gpt-tiny", "lr": 0.1}

@@ -421,6 +421,13 @@ def flatten(data: Mapping[str, Any], *, where: str = "config") -> dict[str, Any]
     Refused, in one line each: an unknown table, a key in the wrong table (naming where it belongs), flat keys
     beside tables. ``where`` names the file in the mixed-spelling refusal. Keys are checked against the fields
     by :func:`make_config`; this only places them."""
+    for key, value in data.items():  # `lr = {a = 1}`: a field given a table, flat file or not
+        if not isinstance(value, Mapping) or ALIASES.get(key, key) not in SECTION_OF:
+            continue
+        # `model`, `data` and `schedule` name a field and a section: a table holding no config key is the field's
+        if key not in SECTIONS or (value and not any(ALIASES.get(k, k) in SECTION_OF for k in value)):
+            raise ConfigError(key, dict(value), "a value, not a table",
+                              f"{key} is a key of [{SECTION_OF[ALIASES.get(key, key)]}]")
     tables = [k for k, v in data.items() if _is_table(k, v)]
     if not tables:
         return dict(data)

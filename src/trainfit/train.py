@@ -228,7 +228,11 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
         _trim_metrics(run_dir / "metrics.jsonl", start)
     metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
     board = logs.open_log(cfg.log, run_dir, start=start, rank=st.rank)  # TensorBoard on rank 0, or nothing
-    logs.accept()  # everything checked: the lines held on stderr (data, tokenizer, warnings) print now
+    # everything checked: the lines held on stderr (data, tokenizer, warnings) print now -- except for a user's
+    # module:callable, whose protocol its first step checks (a break there is a refusal: one line alone)
+    held = ':' in cfg.model and not cfg.model.startswith('hf:')
+    if not held:
+        logs.accept()
     _say(st.rank, "train: step %d of %d next%s ...", start + 1, cfg.steps,
          " (it compiles the graphs: --compile)" if run.compiled else "")
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
@@ -258,6 +262,9 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
             mbs = [to_device(mb, st.device) for mb in mbs]
             shrinks = len(fit.events)
             res = fit.step(step, mbs, timer=timer)  # optimizer_step, under the memory cap if any
+            if held:  # the user's protocol held for a whole step: accepted
+                logs.accept()
+                held = False
             for ev in fit.events[shrinks:]:  # auto-fit names what it changed
                 if st.rank == 0:
                     bar.write(f"trainfit: auto-fit: out of memory in step {ev['step']}: micro-batch {ev['from'][0]} x "

@@ -31,7 +31,6 @@ How ``analytic_basis`` uses it (the lead's file; not edited here)::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from trainfit.levers.checkpointing_rules import budget_block_count, select_blocks

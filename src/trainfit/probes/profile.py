@@ -135,7 +135,7 @@ def run_steps(run: Run, batches, *, steps: int, warmup: int, flops: FlopCounter 
     step is said on the ``trainfit.profile`` logger (``profile: step 3/13 (timed) ...``, rate-limited).
 
     A step that ran accepts the job (``trainfit.logs.accept``: a held stderr prints and writes through)."""
-    st, cfg = run.strategy, run.cfg
+    st = run.strategy
     timer = PhaseTimer(st.device)
     timed = TimedStrategy(st, timer)
     rows = []
