@@ -15,35 +15,49 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import math
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainfit.config import RunConfig, make_config
-from trainfit.errors import ConfigError, check_unique_keys
-from trainfit.integrations.export_plan import ToolConfig, check_tool, export_plan, runnable_strategies
-from trainfit.integrations.read_config import FromConfig, plan_job, rank_note, read_from
+from trainfit.errors import ConfigError
+from trainfit.front.plan_request import (
+    FAST_DEFAULT_CHECKPOINTINGS,
+    FILE_DATA_FLAGS,
+    OFFLOAD_FLAG,
+    PlanRequest,
+    _calibrate,
+    subsets,
+)
+from trainfit.front.plan_text import (
+    _clock_lines,
+    _offload_notes,
+    _offload_source,
+    _source_lines,
+    explain_row,
+    format_explain,
+    format_plan,
+    format_table,
+)
+from trainfit.integrations.export_plan import ToolConfig, export_plan
+from trainfit.integrations.read_config import rank_note
 from trainfit.meters.devices import (
     DeviceRow,
     clock_facts,
-    device_row,
     dtypes_of,
     find_device,
     measure_host_copy,
     measure_loopback,
 )
-from trainfit.plan.basis import OPTIMIZER_BYTES, analytic_basis
+from trainfit.plan.basis import analytic_basis
 from trainfit.plan.clock import DeviceClock, clocked_links
-from trainfit.plan.offload import OFFLOAD_CHOICES, offload_as_run, offload_price
+from trainfit.plan.offload import OFFLOAD_CHOICES
 from trainfit.plan.rules import Context
 from trainfit.plan.search import (
     CHECKPOINT_CHOICES,
     SearchSpace,
     needed_pairs,
-    precision_choices,
     search,
-    strategy_choices,
     step_floor,
 )
 from trainfit.plan.shapes import PlannedModel, TransformerShape, parse_model_config, plan_model, run_spec
@@ -51,7 +65,6 @@ from trainfit.plan.trainable import trainable
 from trainfit.presets import GPT_PRESETS
 from trainfit.progress import logger, say
 from trainfit.probes.fastbasis import (
-    BASIS_SOURCES,
     TRACED_AS,
     basis_provider,
     cache_dir,
@@ -64,307 +77,15 @@ from trainfit.probes.fastbasis import (
 )
 from trainfit.results import PlanReport, PlanRow
 from trainfit.tasks.spec import DataSpec, check_model_fits
-from trainfit.units import fmt_bytes, parse_bytes
 from trainfit.vocabulary import (
     Dtype,
-    EveryKthBlock,
-    MemoryBudget,
-    OffloadPart,
-    Optimizer,
     PrecisionName,
-    SelectiveOps,
-    canonical_precision,
-    parse_checkpoint_policy,
-    parse_offload,
     parse_lora,
-    precision_alias_note,
-    precision_facts,
     strategy_facts,
 )
 
 if TYPE_CHECKING:
     from trainfit.tasks.files import TextData
-
-
-FILE_DATA_FLAGS = {
-    "data": "plan for this training data (as train takes it): activations sized for the longest row it produces",
-    "tokenizer": "byte or a directory holding a Hugging Face tokenizer.json "
-                 "(default: the hf:DIR model's own, else the prepared data's, else byte)",
-    "packing": "on (rows of seq_len tokens) or off (one document per row, the longest sets the size)",
-    "text_field": "JSON Lines field / Parquet or CSV column holding the text (default text)",
-    "text_errors": "bytes that are not UTF-8: strict (refuse) or replace (U+FFFD)",
-}
-"""The fields of ``--data`` jobs plan reads (and their help); None when not given (RunConfig's defaults then)."""
-
-
-OFFLOAD_FLAG = {"none": "", "optimizer": "optimizer", "activations": "activations",
-                "optimizer+activations": "activations,optimizer"}
-"""``plan --offloads`` names -> ``SearchSpace.offloads`` settings (``plan.offload.OFFLOAD_CHOICES``); under zero3
-"optimizer" runs as ``--offload optimizer,params``."""
-assert sorted(OFFLOAD_FLAG.values()) == sorted(OFFLOAD_CHOICES)
-
-FAST_DEFAULT_CHECKPOINTINGS = ("none", "full")
-"""The checkpointing policies searched by default when the basis is traced (``--basis fast``)."""
-
-SEARCH_NOTES = ("best: ", "nothing fits ")
-"""How the search's first note starts (``plan.search``): the notes before it describe the job and its sources."""
-
-def subsets() -> dict[str, tuple[str, ...]]:
-    """What each subset flag allows, read from the tables when called (a row registered later counts)."""
-    return {"precisions": precision_choices(), "checkpointings": CHECKPOINT_CHOICES, "strategies": strategy_choices()}
-"""The request fields that narrow the search, and the names each takes."""
-
-
-# -- field checks (each refusal names the flag, as the command line spells it) ---------------------------------------
-def _int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(name, value, f"an integer >= {minimum}")
-    try:
-        v = int(value) if isinstance(value, (int, str)) else int(str(value))
-    except (TypeError, ValueError):
-        raise ConfigError(name, value, f"an integer >= {minimum}") from None
-    if v < minimum:
-        raise ConfigError(name, value, f"an integer >= {minimum}")
-    return v
-
-
-def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
-    """A comma-separated text or a sequence of names, stripped (None: not given)."""
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else [str(x) for x in value]
-    return tuple(x.strip() for x in items if x.strip())
-
-
-def _extra_policy(spec: str) -> bool:
-    """every:K, selective and budget:F: the policies plan can cost beyond its defaults (a malformed one is not)."""
-    try:
-        policy = parse_checkpoint_policy(spec)
-    except ConfigError:
-        return False
-    return isinstance(policy, (EveryKthBlock, SelectiveOps, MemoryBudget))
-
-
-def _subset(flag: str, value: str | Sequence[str] | None) -> tuple[tuple[str, ...] | None, list[str]]:
-    """``--precisions`` / ``--checkpointings`` / ``--strategies``: the names, checked; and the alias notes."""
-    chosen, aliases = _names(value), []
-    if chosen is None:
-        return None, aliases
-    if flag == "precisions":  # Lightning's and HF's spellings: trainfit's names, echoed once accepted
-        aliases = [n for n in map(precision_alias_note, chosen) if n]
-        chosen = tuple(canonical_precision(x) for x in chosen)
-    allowed = subsets()[flag]
-    bad = [x for x in chosen if x not in allowed and not (flag == "checkpointings" and _extra_policy(x))]
-    if bad or not chosen:
-        raise ConfigError(flag, value, allowed)
-    return chosen, aliases
-
-
-def _offloads(value: str | Sequence[str] | None, row: DeviceRow, *, calibrate: bool) -> tuple[str, ...] | None:
-    """``--offloads``: the settings to search (None: the default, decided once the host link is known)."""
-    names = _names(value)
-    if names is None:
-        return None
-    bad = [x for x in names if x not in OFFLOAD_FLAG]
-    if bad or not names:
-        raise ConfigError("offloads", value, "comma-separated " + ", ".join(OFFLOAD_FLAG))
-    chosen = tuple(dict.fromkeys(OFFLOAD_FLAG[x] for x in names))
-    if any(chosen) and row.host_bytes_per_s is None and not calibrate:
-        raise ConfigError("offloads", value, "none without a host link to price the copies",
-                          f"device {row.name} has no host link in the table: with --device cpu pass --calibrate "
-                          "(it measures the host copy), or --offloads none")
-    return chosen
-
-
-def _compile_speedup(value: Any, row: DeviceRow) -> float | str | None:
-    """``--compile-speedup``: None (compile not searched), "measure" (cpu only) or a ratio > 0."""
-    if value is None:
-        return None
-    allowed = "a positive ratio (eager step / compiled step, e.g. 1.3) or measure (with --device cpu)"
-    if str(value).strip() == "measure":
-        if row.peak_row is not None:
-            raise ConfigError("compile-speedup", value, allowed, "measure times steps on this machine's CPU; for "
-                              f"{row.name} pass the ratio measured there")
-        return "measure"
-    try:
-        v = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        raise ConfigError("compile-speedup", value, allowed) from None
-    if not 0.0 < v < math.inf:  # NaN fails too
-        raise ConfigError("compile-speedup", value, allowed)
-    return v
-
-
-def _headroom(value: Any) -> float:
-    try:
-        v = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        v = math.nan
-    if not 0.0 <= v < 1.0:  # NaN fails both comparisons; inf and negatives fail one
-        raise ConfigError("headroom", value, "a number in [0, 1), the share of device memory kept free")
-    return v
-
-
-def _rate(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value < math.inf:
-        return float(value)  # bytes per second, from Python
-    text, allowed = str(value), "a bandwidth of at least 1 byte/s (and at most 16 EiB/s) such as 450GB/s or 50GB/s"
-    try:
-        return float(parse_bytes(name, text[:-2] if text.endswith("/s") else text, allowed=allowed))
-    except ConfigError:
-        raise ConfigError(name, text, allowed) from None  # the text as typed, "/s" included
-
-
-def _job_from(found: FromConfig, *, global_batch: Any, devices: int | None,
-              nodes: int | None) -> tuple[int, int, Any, dict]:
-    """``--from``: (devices per node, nodes, global batch, flags over the file) for the flags given (None: not
-    given) over the file's values. The file's ``devices`` counts all ranks (``read_config.plan_job``): a flag's
-    devices per node become that total here, so the file's own count and the flags' are compared alike."""
-    file_nodes = int(found.values.get("nodes", 1))
-    n = nodes if nodes is not None else file_nodes
-    total = None
-    if devices is not None:
-        total = devices * n
-    elif nodes is not None and "devices" in found.values:
-        total = int(found.values["devices"]) // file_nodes * n  # the file's devices per node, on the nodes given
-    elif nodes is not None:
-        total = n  # one device per node
-    job, overridden = plan_job(found, global_batch=global_batch, devices=total, nodes=nodes)
-    total, n = _int("devices", job["devices"]), _int("nodes", job["nodes"])
-    if total % n:  # the file's own counts (the flags' are a product)
-        raise ConfigError("nodes", n, f"a divisor of the {total} devices {found.path} sets",
-                          "every node holds the same number")
-    return total // n, n, job["global_batch"], overridden
-
-
-# -- the request ------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PlanRequest:
-    """A job to plan for and the search's bounds, checked when built (:class:`ConfigError` naming the field as
-    the command line spells it: ``global-batch``, ``device-memory``, ...). Text is taken where the command line
-    gives text (``"80GiB"``, ``"450GB/s"``, ``"bf16-mixed,fp32"``); the checked fields hold the parsed values."""
-
-    model: str = "gpt-tiny"
-    model_config: str = ""
-    """key=value,... overrides of the model's config."""
-    global_batch: int | str | None = None
-    """Samples per optimizer step over all devices (required unless ``from_file`` sets a per-device batch)."""
-    seq_len: int | str = 64
-    device_memory: int | str | None = None
-    """Memory per device: bytes, or text such as ``"80GiB"`` (required)."""
-    devices: int | str | None = None
-    """Devices per node (as torchrun's ``--nproc_per_node`` and Lightning's ``devices``); default 1."""
-    nodes: int | str | None = None
-    """Nodes; the plan is for ``devices x nodes`` devices. Default 1."""
-    device: str = "h100"
-    """A row of ``trainfit.meters.devices.DEVICES``."""
-    bandwidth_intra: float | str | None = None
-    """Per-device bandwidth inside a node (bytes/s, or text such as ``"450GB/s"``)."""
-    bandwidth_inter: float | str | None = None
-    """Per-device bandwidth between nodes."""
-    optimizer: str | None = None
-    """Default: the ``from_file``'s optimizer, else adamw."""
-    lora: str = ""
-    freeze: str = ""
-    data: str | None = None
-    tokenizer: str | None = None
-    packing: str | None = None
-    text_field: str | None = None
-    text_errors: str | None = None
-    headroom: float | str = 0.1
-    """Share of device memory kept free."""
-    basis: str = "auto"
-    calibrate: bool = False
-    """cpu only: fit the step times to measured steps of this model."""
-    compile_speedup: float | str | None = None
-    """Search torch.compile too, priced at this eager/compiled ratio, or ``"measure"`` (cpu)."""
-    precisions: str | tuple[str, ...] | None = None
-    checkpointings: str | tuple[str, ...] | None = None
-    offloads: str | tuple[str, ...] | None = None
-    strategies: str | tuple[str, ...] | None = None
-    top: int | str = 10
-    """Plans kept in the report."""
-    explain: int | str | None = None
-    """Row (1-based, at most ``top``) whose step is split into its parts (``report.extra["explain"]``)."""
-    write_for: str | None = None
-    """A tool (``hf-trainer``, ``accelerate``, ``lightning``) the best plan will be written for: the search
-    keeps to the strategies it runs as planned on this device."""
-    from_file: str | None = None
-    """A TrainingArguments JSON, accelerate config YAML or Lightning Trainer arguments: its global batch,
-    devices and nodes (the fields given override it) and optimizer."""
-
-    alias_notes: tuple[str, ...] = dataclasses.field(init=False, default=(), compare=False)
-    """One line per precision alias accepted (``16-mixed`` -> ``fp16-mixed``)."""
-    source: FromConfig | None = dataclasses.field(init=False, default=None, repr=False, compare=False)
-    """``from_file``, read."""
-    overridden: dict = dataclasses.field(init=False, default_factory=dict, repr=False, compare=False)
-    """The fields given over the file's values (field -> value)."""
-
-    def __post_init__(self) -> None:
-        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 -- frozen: the checked value
-        check_unique_keys("model_config", self.model_config)  # the user's text: a repeated key would silently win
-        devices = None if self.devices is None else _int("devices", self.devices)
-        nodes = None if self.nodes is None else _int("nodes", self.nodes)
-        global_batch, optimizer = self.global_batch, self.optimizer
-        if self.from_file:
-            found = read_from(self.from_file)
-            devices, nodes, global_batch, overridden = _job_from(found, global_batch=global_batch, devices=devices,
-                                                                 nodes=nodes)
-            put("source", found), put("overridden", overridden)
-            optimizer = optimizer if optimizer is not None else found.values.get("optimizer")
-        elif global_batch is None:
-            raise ConfigError("global-batch", None, "an integer >= 1", "pass --global-batch N (or --from FILE)")
-        put("devices", devices or 1), put("nodes", nodes or 1)
-        notes = []
-        for name in subsets():
-            chosen, aliases = _subset(name, getattr(self, name))
-            put(name, chosen), notes.extend(aliases)
-        put("alias_notes", tuple(notes))
-        put("headroom", _headroom(self.headroom)), put("global_batch", _int("global-batch", global_batch))
-        if self.device_memory is None:
-            raise ConfigError("device-memory", None, "a size such as 80GiB", "pass --device-memory")
-        put("device_memory", parse_bytes("device-memory", self.device_memory))
-        put("seq_len", _int("seq", self.seq_len, 2)), put("top", _int("top", self.top))
-        put("explain", None if self.explain is None else _int("explain", self.explain))
-        put("bandwidth_intra", _rate("bandwidth-intra", self.bandwidth_intra))
-        put("bandwidth_inter", _rate("bandwidth-inter", self.bandwidth_inter))
-        self._check_search(optimizer)
-
-    def _check_search(self, optimizer: str | None) -> None:
-        """The fields that need the device row: the tool written for, compile, offload, basis, calibration."""
-        row = self.row
-        if self.write_for is not None:
-            check_tool(self.write_for)
-            self.searched_strategies()  # a --strategies the tool would run as something else: refused now
-        object.__setattr__(self, "compile_speedup", _compile_speedup(self.compile_speedup, row))
-        object.__setattr__(self, "offloads", _offloads(self.offloads, row, calibrate=self.calibrate))
-        if self.basis not in BASIS_SOURCES:
-            raise ConfigError("basis", self.basis, BASIS_SOURCES)
-        if self.calibrate and row.peak_row is not None and not _calibrate().cuda_available():
-            raise ConfigError("calibrate", True, "--device cpu, or a GPU row on a machine with CUDA",
-                              "calibration measures this machine's CPU or CUDA device")
-        object.__setattr__(self, "optimizer", str(make_config({"optimizer": optimizer or Optimizer.ADAMW}).optimizer))
-        if self.explain is not None and self.explain > self.top:
-            raise ConfigError("explain", self.explain, f"a row number from 1 to --top ({self.top})")
-
-    @property
-    def row(self) -> DeviceRow:
-        """The device's row of ``meters.devices.DEVICES`` (refused when there is none)."""
-        return device_row(self.device)
-
-    @property
-    def world_size(self) -> int:
-        """Devices in all: ``devices`` per node x ``nodes``."""
-        return self.devices * self.nodes
-
-    def searched_strategies(self) -> tuple[str, ...] | None:
-        """``strategies``, or with ``write_for`` those the tool runs as planned here (None: every strategy)."""
-        if self.write_for is None:
-            return self.strategies
-        return runnable_strategies(self.write_for, self.strategies, cpu=self.row.name == "cpu",
-                                   devices=self.world_size)
 
 
 # -- the planner, step by step --------------------------------------------------------------------------------------
@@ -731,15 +452,6 @@ def data_model_config(model: str, model_config: str, text: TextData | None) -> s
 
 
 # -- pricing helpers ----------------------------------------------------------------------------------------------
-def _calibrate():
-    """``trainfit.probes.calibrate``, imported on first use."""
-    # lazy: calibration and the measured compile speed-up build, compile and step runs here; a plan that
-    # measures nothing never imports the run
-    import trainfit.probes.calibrate as calibrate
-
-    return calibrate
-
-
 def _with_compile_speedup(links, base, speedup):
     """``links`` carrying the compile speed-up (given, or measured per pair on this CPU) and its source line."""
     if speedup != "measure":
@@ -811,142 +523,6 @@ _FULL = _Deferred(flag="checkpointings", value="full", applies=lambda row: row.p
 _FP32 = _Deferred(flag="precisions", value=PrecisionName.FP32, applies=_fp32_slow)
 
 
-def _offload_source(offloads: tuple[str, ...], host_bw: float | None, row) -> str:
-    """The plan's source line for offload: what was searched, and the host link it is priced at."""
-    searched = [x for x in offloads if x]
-    if not searched:
-        why = ("--offloads none" if host_bw else f"device {row.name} has no host link to price its copies"
-               + (" (pass --calibrate to measure this machine's)" if row.peak_row is None else ""))
-        return f"offload: not searched ({why})"
-    link = (f"{host_bw / 1e9:.3g} GB/s per direction, "
-            + ("the device row's datasheet host link" if row.host_bytes_per_s else "a host copy measured on this CPU"))
-    return (f"offload: searched {', '.join(x.replace(',', '+') for x in searched)} (zero3 moves params with the "
-            f"optimizer; zero1 offloads activations only), priced at {link}; copies not overlapped (an upper bound)")
-
-
-def _offload_notes(result, basis, row, space, base) -> list[str]:
-    """What offload would free and cost for the best plan (or, when nothing fits, the smallest), when the search
-    did not try it (``--offloads none``, or no host link): priced by the device row's host link, if any."""
-    e = result.best or min(result.entries, key=lambda x: x.peak_bytes_per_device)
-    run = offload_as_run(OffloadPart.OPTIMIZER, e.strategy)  # the strategy's row: what it offloads with it
-    if run is None:
-        return []
-    b = basis(e.precision, e.checkpointing)
-    w, _, master, _ = precision_facts(e.precision).bytes_per_param
-    parts = set(parse_offload(run))
-    notes = []
-    for chosen in (parts, {OffloadPart.ACTIVATIONS}):
-        price = offload_price(parts=chosen, strategy=e.strategy, n_params=b.n_trainable or b.n_params,
-                              world_size=space.devices, accumulation=e.accumulation, weight_bytes=w,
-                              state_bytes_per_param=OPTIMIZER_BYTES[Optimizer(base.optimizer)],
-                              master_bytes_per_param=master,
-                              activation_bytes_per_micro_batch=int(e.parts.get("activations", 0)),
-                              grad_sync=e.grad_sync, host_bytes_per_s=row.host_bytes_per_s)
-        if not price.traffic:
-            continue
-        line = f"other lever for plan {'1' if result.best else '(smallest)'}: {price.reason}"
-        if price.seconds_per_step is not None and e.step_s:
-            line += f" (+{price.seconds_per_step / e.step_s:.0%} of its {e.step_s:.3g} s step if not overlapped)"
-        if result.best is None:
-            fits = e.peak_bytes_per_device - price.frees_device_bytes <= space.budget_bytes
-            line += "; it would fit" if fits else "; still too big"
-        notes.append(line + f" (--offload {','.join(sorted(str(p) for p in chosen))})")
-    return notes
-
-
-def _source_lines(basis, used: str, row, base, *, calibrate: bool, needed, clocked: bool = False) -> list[str]:
-    """One line per source of the plan's numbers: the basis, the kernels it assumes, the device, the step times."""
-    first = basis(*needed[0]) if needed else None
-    lines = []
-    if first is not None and used != "fast":
-        lines.append(f"basis ({used}): {first.source}")
-    elif first is not None:
-        how, _, kernels = first.source.partition("; kernels of ")
-        lines.append(f"basis trace: {how.removeprefix('fast trace (')}")
-        lines.append(f"kernels of {kernels}" if kernels else "kernels: this machine's (cpu)")
-    if used == "analytic":
-        lines.append("kernels: none traced: the analytic shape counts the tensors its blocks save (flash-style "
-                     "attention: no sequence-squared probabilities)")
-    elif used != "fast":
-        lines.append("kernels: this machine's CPU kernels (the estimate and measure bases trace or run here)")
-    peak = find_device(row.peak_row) if row.peak_row else None
-    lines.append(f"device {row.name} (meters.devices, every source there): " + row.source.split(";")[0]
-                 + (f"; peak FLOP/s: {peak.source.split(';')[0]}" if peak else ""))
-    if not clocked:
-        lines.append("step times: " + ("fitted to steps measured on this machine (--calibrate)" if calibrate else
-                                       f"FLOPs / ({row.achievable_frac:.0%} of the dense peak) plus the ring model of "
-                                       "the links (plan.cost, plan.comm)"))
-    return lines
-
-
-def _clock_lines(facts: dict, tuned: bool) -> list[str]:
-    """The op-level clock's source lines: how a step is priced and every coefficient's source."""
-    lines = [f"step times: op by op (plan.clock) on {facts['name']}: GEMMs at max(FLOPs / {facts['gemm_share']:.0%} of "
-             f"the dense peak, bytes / HBM), attention at {facts['attention_share']:.0%} of the peak (causal flash), "
-             f"memory-bound ops at {facts['hbm_share']:.0%} of {facts['hbm_bytes_per_s'] / 1e12:.3g} TB/s, "
-             f"{facts['kernel_s'] * 1e6:.3g} us per kernel, all / {facts['eager_share']:.2f} (eager share); "
-             f"collectives at {facts['bus_share']:.0%} of the link, FSDP prefetch and DDP buckets overlapped"
-             + ("; --lora/--freeze: backward priced whole (an upper bound)" if tuned else "")]
-    lines.extend(f"clock source: {s}" for s in facts["sources"])
-    return lines
-
-
-
-def format_table(entries) -> str:
-    mw = max([5, *(len(str(e.micro_batch)) + 1 for e in entries)])  # a 10**18 batch keeps its columns apart
-    aw = max([6, *(len(str(e.accumulation)) + 1 for e in entries)])
-    cw = max([8, *(len(e.checkpointing) + 1 + len(" +compile") * e.compile for e in entries)])
-    head = f"{'#':>3} {'precision':<11}{'mb':>{mw}}{'acc':>{aw}} {'ckpt':<{cw}}{'strategy':<9}{'sync':<16}" \
-           f"{'peak/dev':>11}{'step s':>10}{'eff':>6}  fits / reasons"
-    lines = [head]
-    for i, e in enumerate(entries, 1):
-        n = e.peak_bytes_per_device
-        peak = fmt_bytes(n)
-        why = "yes" if e.fits else "no"
-        if e.reasons:
-            why += ": " + "; ".join(e.reasons)
-        ck = e.checkpointing + (" +compile" if e.compile else "")
-        lines.append(f"{i:>3} {e.precision:<11}{e.micro_batch:>{mw}}{e.accumulation:>{aw}} {ck:<{cw}}"
-                     f"{e.strategy:<9}{e.grad_sync:<16}{peak:>11}{e.step_s:>10.4g}{e.scaling_efficiency:>6.0%}  {why}")
-    return "\n".join(lines)
-
-
-EXPLAIN_PARTS = {"compute_bound_s": "compute-bound (GEMMs, attention)",
-                 "memory_bound_s": "memory-bound (norms, activations, casts, loss, optimizer step)",
-                 "recompute_s": "recompute (checkpointing)", "exposed_comm_s": "exposed communication",
-                 "fixed_s": "fixed cost (kernel launches, per-step overheads)",
-                 "dist_overhead_s": "measured distributed overhead", "offload_s": "offload copies"}
-"""``plan --explain``'s parts of a step (``plan.cost.Time.parts``), in the order printed."""
-
-
-def explain_row(shown, n: int) -> dict:
-    """Row ``n`` (1-based) of the plans ``shown`` split into the parts of its step (``plan --explain``)."""
-    if n > len(shown):
-        raise ConfigError("explain", n, f"a row number from 1 to {len(shown)} (the rows shown)")
-    e = shown[n - 1]
-    return {"row": n, "precision": e.precision, "micro_batch": e.micro_batch, "accumulation": e.accumulation,
-            "checkpointing": e.checkpointing, "strategy": e.strategy, "grad_sync": e.grad_sync, "step_s": e.step_s,
-            "parts": dict(e.time_parts)}
-
-
-def format_explain(x: dict) -> str:
-    """The ``--explain`` block: each part in seconds and as a share of the step."""
-    head = (f"explain row {x['row']}: {x['precision']}, micro-batch {x['micro_batch']} x {x['accumulation']}, "
-            f"checkpointing {x['checkpointing']}, {x['strategy']} ({x['grad_sync']}): {x['step_s']:.4g} s/step")
-    step = x["step_s"] or 1.0
-    lines = [head] + [f"  {label:<62}{x['parts'].get(k, 0.0):>11.4g} s {x['parts'].get(k, 0.0) / step:>6.1%}"
-                      for k, label in EXPLAIN_PARTS.items() if k in x["parts"]]
-    return "\n".join(lines)
-
-
-# -- what a plan is turned into: the table, a config to train, another tool's configuration -------------------------
-def format_plan(report: PlanReport) -> str:
-    """The plan as the command prints it: the job and its sources, the table of plans, then the search's notes
-    (the first of which says the best plan, or that nothing fits) and the rest."""
-    n = next((i for i, note in enumerate(report.notes) if note.startswith(SEARCH_NOTES)), len(report.notes))
-    return "\n".join([*report.notes[:n], format_table(report.plans), *report.notes[n:]])
-
-
 def plan_config(entry, base: RunConfig, *, devices: int, global_batch: int) -> RunConfig:
     """The RunConfig that runs ``entry`` (a plan row; ``trainfit train PLAN.toml``): ``devices`` per node."""
     values = {"precision": entry.precision, "micro_batch": entry.micro_batch, "accumulation": entry.accumulation,
@@ -974,3 +550,8 @@ def export_for(request: PlanRequest, report: PlanReport, tool: str, row: int = 1
     """Plan ``row`` of ``report`` (planned for ``request``) as ``tool``'s own configuration (``plan --write-for
     TOOL FILE``): the text to write and what the tool cannot express (``ToolConfig.gaps``)."""
     return export_plan(tool, run_config(request, report, row), nodes=request.nodes, cpu=request.row.name == "cpu")
+
+
+__all__ = ["CHECKPOINT_CHOICES", "FILE_DATA_FLAGS", "OFFLOAD_FLAG", "PlanRequest", "check_model", "checked_model",
+           "explain_row", "export_for", "format_explain", "format_plan", "format_table", "hf_config_keys",
+           "job_config", "plan", "plan_config", "run_config", "search", "subsets"]
