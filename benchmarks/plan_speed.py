@@ -79,7 +79,7 @@ def plan_cpu(flags: list[str], *, old: str | None = None, timeout_s: float | Non
 
 def plan(model: str, config: str, seq: int, extra: list[str], devices: int, batch: int, cache: str) -> dict:
     cmd = [sys.executable, "-m", "trainfit", "plan", "--model", model, "--seq", str(seq), "--global-batch", str(batch),
-           "--device-memory", "80GiB", "--devices", str(devices), "--nodes", str(max(1, devices // 8)),
+           "--device-memory", "80GiB", "--devices", str(min(devices, 8)), "--nodes", str(max(1, devices // 8)),
            "--device", "h100", "--json", *extra]
     if config:
         cmd[6:6] = ["--model-config", config]

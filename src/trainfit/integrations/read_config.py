@@ -530,7 +530,7 @@ def plan_job(found: FromConfig, *, global_batch: Any, devices: Any, nodes: Any) 
         try:
             n_dev = int(job["devices"])
         except ValueError:
-            n_dev = 1  # check_flags refuses the text itself
+            n_dev = 1  # PlanRequest refuses the text itself
         global_batch = mb * found.values.get("accumulation", 1) * n_dev
     elif mb is not None:
         overridden["global_batch"] = global_batch

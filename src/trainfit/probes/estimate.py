@@ -434,7 +434,7 @@ class _RecomputeCount:
     ends in a matmul whose output nothing saves (no dropout after it) skips it. So the count is, per block, the
     FLOPs from its start to its last saved tensor (``FlopCounterMode`` counts an op as it returns, before
     autograd saves its inputs). The planner bounds a fully checkpointed row's step with it before tracing
-    that pair (``commands/plan.py``); ``tests/plan/test_fast_basis.py`` holds it equal to the recompute counted
+    that pair (``front/plan.py``); ``tests/plan/test_fast_basis.py`` holds it equal to the recompute counted
     in the checkpointed trace."""
 
     def __init__(self, run) -> None:
