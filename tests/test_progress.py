@@ -251,3 +251,20 @@ def test_profile_says_each_step_it_runs(capsys):
     assert any(ln.startswith("trainfit: profile: predicting scale-out (bandwidth given)") for ln in _lines(err))
     assert main([*argv, "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_commands_info_lines_go_through_logging_and_quiet_drops_them(capsys):
+    """The commands' own info lines (here plan's echo of another tool's precision spelling) are log records:
+    said by default, gone under --quiet, while the answer on stdout is the same."""
+    from trainfit.cli import main
+
+    base = ["plan", "--global-batch", "8", "--device-memory", "80GiB", "--basis", "analytic", "--precisions", "bf16",
+            "--json"]
+    assert main(base) == 0
+    said = capsys.readouterr()
+    assert "trainfit: precision bf16" in said.err and "is bf16-mixed" in said.err
+    assert main([*base, "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    import json
+
+    assert quiet.err == "" and json.loads(quiet.out)["plans"] == json.loads(said.out)["plans"]

@@ -54,6 +54,12 @@ def say(log: logging.Logger, message: str, *args) -> None:
     log.log(NORMAL if _DEPTH.get() == 0 else VERBOSE, message, *args)
 
 
+def info(name: str, line: str) -> None:
+    """An info line of a command (``trainfit.<name>`` at INFO): the CLI says it as ``trainfit: <line>`` on stderr,
+    ``--quiet`` drops it, a library user routes it with ``logging``. A leading ``trainfit: `` is not repeated."""
+    say(logger(name), line.removeprefix("trainfit: "))
+
+
 def bars_enabled() -> bool:
     """Whether a progress bar (tqdm) may draw: not when the ``trainfit`` logger is set above INFO (``--quiet``,
     or a user's ``setLevel(logging.WARNING)``). An unconfigured logger keeps the bars a library call always drew."""
@@ -152,5 +158,5 @@ def to_stderr(level: int = NORMAL) -> Iterator[StderrHandler]:
         root.propagate = before[1]
 
 
-__all__ = ["ROOT", "QUIET", "NORMAL", "VERBOSE", "logger", "say", "stage", "Stage", "inner", "bars_enabled",
+__all__ = ["ROOT", "QUIET", "NORMAL", "VERBOSE", "logger", "say", "info", "stage", "Stage", "inner", "bars_enabled",
            "StderrHandler", "to_stderr"]

@@ -46,8 +46,10 @@ def test_a_run_flag_alias_is_echoed_once_after_acceptance(tmp_path):
 
     args = argparse.Namespace(**{k: None for k in RUN_FLAGS}, config=None)
     args.precision = "16-mixed"
+    from trainfit.progress import to_stderr
+
     err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    with contextlib.redirect_stderr(err), to_stderr():  # the CLI's handler: the note is a trainfit.config line
         cfg = config_from_args(args)
     assert str(cfg.precision) == "fp16-mixed"
     assert err.getvalue().splitlines() == ["trainfit: precision 16-mixed (Lightning) is fp16-mixed"]

@@ -9,7 +9,6 @@ imports the other (``cli`` registers the commands; a command never imports ``cli
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from trainfit.errors import check_unique_keys
 from trainfit.front.request import refuse_overridden, refuse_unused
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
+from trainfit.progress import info
 from trainfit.vocabulary import (
     CHECKPOINT_SPECS,
     PRECISIONS,
@@ -135,7 +135,7 @@ def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **o
     refuse_unused(cfg, given=given)
     note = precision_alias_note(values.get("precision"))
     if note:  # accepted: another tool's spelling, echoed as trainfit's name
-        print(note, file=sys.stderr)
+        info("config", note)
     return cfg
 
 
@@ -148,5 +148,5 @@ def _run_dir_config(args: argparse.Namespace) -> dict[str, Any]:
     flagged = [k for k in RUN_FLAGS if getattr(args, k, None) is not None and k not in ("run_dir", "steps")
                and str(getattr(args, k)) != str(values.get(k))]
     extra = ("; flags override " + ", ".join(f"{k}={getattr(args, k)}" for k in flagged)) if flagged else ""
-    print(f"trainfit: using the configuration of {path}{extra}", file=sys.stderr)
+    info("config", f"using the configuration of {path}{extra}")
     return values

@@ -10,8 +10,6 @@ module turns flags and TOML into their arguments and prints the report (a table,
 
 from __future__ import annotations
 
-import sys
-
 from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError, check_int
@@ -19,6 +17,7 @@ from trainfit.front import memory as front
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
 from trainfit.meters.devices import DEVICES
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
+from trainfit.progress import info
 from trainfit.report.plots import plot_memory
 from trainfit.strategies import launch
 from trainfit.strategies import process_group as pg
@@ -80,7 +79,7 @@ def _from_file(args, overrides: dict):
     args.devices = applied.pop("devices", args.devices)  # the file's devices count every rank
     applied.pop("nodes", None)  # counted in the file's devices already
     for line in found.lines(overridden):
-        print(line, file=sys.stderr)
+        info("memory", line)
     return found, overridden, applied | overrides
 
 

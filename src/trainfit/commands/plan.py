@@ -28,6 +28,7 @@ from trainfit.integrations.export_plan import TOOLS, check_write_for
 from trainfit.meters.devices import DEVICES
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.presets import MODEL_HELP
+from trainfit.progress import info
 from trainfit.vocabulary import Optimizer, choices
 
 GROUPS = (*SECTIONS, "output")
@@ -142,9 +143,9 @@ def run(args) -> int:
     request = request_of(args)  # every flag and output path refused before any work
     outputs = check_outputs(args)
     for line in request.alias_notes:
-        print(line, file=sys.stderr)
+        info("plan", line)
     for line in (request.source.lines(request.overridden) if request.source is not None else ()):
-        print(line, file=sys.stderr)  # --from: what was read from the other tool's file, what ignored
+        info("plan", line)  # --from: what was read from the other tool's file, what ignored
     report = plan(request)
     if report.best is None:  # the candidates and why each fails (stderr), then a refusal: exit 2, nothing written
         print(format_plan(report), file=sys.stderr)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch.distributed as dist
 
 from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
@@ -14,6 +12,7 @@ from trainfit.integrations.frameworks import FRAMEWORKS, LOSSES, FrameworkVerify
 from trainfit.integrations.read_config import RUN_KEYS
 from trainfit.outputs import check_run_dir, dumps_json
 from trainfit.probes.verify import NOISE_MARGIN
+from trainfit.progress import info
 from trainfit.results import VerifyReport
 
 EXIT_FAILED = 1
@@ -118,7 +117,7 @@ def _read(args, framework: str | None):
     read = read_from_file(args.from_file, framework, {k: getattr(args, k, None) for k in RUN_KEYS})
     cfg = config_from_args(args, **read.overrides)
     for line in read.lines:
-        print(line, file=sys.stderr)
+        info("verify", line)
     return cfg, read
 
 

@@ -12,7 +12,6 @@ a line fitted through both), ``budget_bytes``/``max_micro_batch`` with a budget,
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Callable
 
 import torch
@@ -27,6 +26,7 @@ from trainfit.probes.estimate import estimate_memory as estimate_step
 from trainfit.probes.memory import example_batch
 from trainfit.probes.memory import measure_memory as measure_step
 from trainfit.probes.profile import task_flop_counter
+from trainfit.progress import info
 from trainfit.results import MemoryReport
 from trainfit.run import task_of
 from trainfit.strategies import launch
@@ -132,8 +132,8 @@ def _with_scaling(cfg: RunConfig, step, method: str, budget: int | None, *, join
         report = dataclasses.replace(report, notes=(*report.notes, compile_note(cfg, method, joined)))
     if cfg.data:  # rows from files: the sizing batch is the longest micro-batch this data produces
         longest = load_text_data(DataSpec.from_config(cfg)).longest  # cached: read once by the task already
-        print(f"trainfit: activations sized for rows of {longest} tokens, the longest this data produces"
-              + (" (packing: full seq_len)" if cfg.packing else ""), file=sys.stderr)
+        info("memory", f"activations sized for rows of {longest} tokens, the longest this data produces"
+             + (" (packing: full seq_len)" if cfg.packing else ""))
     other = step(cfg, batch=second_batch(report.batch))
     scaling = fit_batch_scaling(cfg, batches=(report.batch, other.batch), reports=(report, other))
     extra: dict[str, Any] = {"activations_per_sample_bytes": round(scaling.activations_per_sample_bytes),

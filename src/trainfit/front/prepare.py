@@ -13,6 +13,7 @@ import sys
 
 from trainfit.errors import ConfigError, check_choice
 from trainfit.outputs import check_output_dir, check_path_text
+from trainfit.progress import bars_enabled
 from trainfit.results import PrepareReport
 from trainfit.tasks.corpus import find_sources, read_pieces, reads_under
 from trainfit.tasks.prepared import clean_stale, is_prepared, write_prepared
@@ -29,7 +30,7 @@ def prepare(*, data: str, out: str, tokenizer: str = BYTE, text_field: str = "te
         text_field: the JSON Lines field / Parquet or CSV column holding the text.
         text_errors: bytes that are not UTF-8: ``"strict"`` (refuse) or ``"replace"`` (U+FFFD).
         force: write into an existing non-empty ``out``.
-        progress: a progress bar on stderr (default: when stderr is a terminal).
+        progress: a progress bar on stderr (default: when stderr is a terminal and ``--quiet`` is not given).
     Returns:
         What was written: documents, tokens, vocabulary, token dtype, tokenizer.
     Raises:
@@ -51,7 +52,7 @@ def prepare(*, data: str, out: str, tokenizer: str = BYTE, text_field: str = "te
     removed = clean_stale(where)  # accepted: a killed prepare's OUT.tmp-<pid> is garbage now
     pieces = read_pieces(sources, text_field=text_field, text_errors=text_errors)
     side = write_prepared(where, pieces=pieces, tokenizer=tok, sources=sources, text_field=text_field, data=data,
-                          progress=sys.stderr.isatty() if progress is None else progress)
+                          progress=(sys.stderr.isatty() and bars_enabled()) if progress is None else progress)
     return PrepareReport(out=str(where), n_documents=side["n_documents"], n_tokens=side["n_tokens"],
                          skipped_documents=side["skipped_documents"], vocab_size=side["vocab_size"],
                          eod_id=side["eod_id"], dtype=side["dtype"], tokenizer=side["tokenizer"]["name"],

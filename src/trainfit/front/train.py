@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from trainfit.levers.autofit import StepOutOfMemory
 from trainfit.levers.finetune import apply_lora, freeze
 from trainfit.outputs import check_path_text, check_run_dir, claim_run_dir
 from trainfit.probes.oom import explain_oom
+from trainfit.progress import info
 from trainfit.results import TrainSummary
 from trainfit.run import task_of
 from trainfit.strategies import launch
@@ -94,7 +94,7 @@ def train(config: RunConfig | None = None, *, resume: bool | str = False, nodes:
             refuse_checkpoints(Path(cfg.run_dir))
         return launch_workers(cfg, where, resume=resume, max_restarts=max_restarts, fresh=fresh)
     if fresh:
-        print(fresh, file=sys.stderr)  # held until the job is accepted (logs.accept)
+        info("train", fresh)  # held until the job is accepted (logs.accept)
     return train_here(cfg, resume=resume, progress=progress)
 
 
@@ -183,7 +183,7 @@ def launch_workers(cfg: RunConfig, where: Nodes, *, resume: bool, max_restarts: 
         check_resume(cfg, world)
     logs.accept(show=False)  # accepted: what the checks above said, each worker says again (rank 0)
     if fresh:
-        print(fresh, file=sys.stderr)
+        info("train", fresh)
     with tempfile.TemporaryDirectory(prefix="trainfit-launch-") as tmp:
         # Node 0 keeps the job in RUN_DIR/launch.toml; another node's copy stays outside the run directory,
         # which node 0 owns (and may share with it).

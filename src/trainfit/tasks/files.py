@@ -25,7 +25,6 @@ format), packed or padded like the training rows.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -37,6 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainfit.errors import ConfigError, check_choice
+from trainfit.progress import info
 from trainfit.tasks.corpus import find_sources, read_documents
 from trainfit.tasks.prepared import (
     DTYPES,
@@ -257,7 +257,7 @@ def note(message: str) -> None:
     """Print ``trainfit: MESSAGE`` on stderr, once per process (tasks are built several times per command)."""
     if message not in _SAID:
         _SAID.add(message)
-        print(f"trainfit: {message}", file=sys.stderr)
+        info("data", message)
 
 
 def clear_cache() -> None:
