@@ -22,7 +22,7 @@ Needs ``pip install -r benchmarks/requirements.txt`` (accelerate, lightning); no
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run
     # the fixed cost of trainfit alone, results under another name (before/after a change; old code: PYTHONPATH)
     .venv/bin/python benchmarks/overhead.py --only tiny --tiny-rounds 150 --block 20 \
-        --variants trainfit trainfit-run --name overhead_after_1
+        --variants trainfit trainfit-run --name overhead_quiet
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def optimizer_step(
     autocast = precision.autocast(strategy.device.type)
     # Phase timers and the offload's saved-tensors context change no number: when neither is given, each
     # micro-batch enters autocast alone. Their no-op contexts, entered per micro-batch, were ~100 us of a
-    # loaded machine's bf16 step (issue 29; benchmarks/results/overhead_before_*.md).
+    # loaded machine's bf16 step (issue 29; benchmarks/results/overhead_quiet.md: +29 us after).
     observed = timer is not NULL_TIMER or activations is not None
     saved = activations if activations is not None else contextlib.nullcontext()
     loss_total = 0.0  # becomes a tensor on the loss's device at the first micro-batch (no extra allocation)
