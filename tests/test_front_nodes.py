@@ -51,10 +51,12 @@ def test_two_nodes_of_one_device_equal_one_node_of_two(tmp_path):
     assert summary["final_loss"] == _losses(tmp_path / "one")[-1]
 
 
-def test_nodes_is_checked_before_any_worker(tmp_path):
+def test_nodes_is_checked_before_any_worker(tmp_path, capsys):
+    """Refused in-process, before the launcher starts a worker (the refusal, not a process, is what is tested)."""
+    from trainfit.cli import main
+
     for flags, field in ((["--nodes", "0"], "nodes"), (["--nodes", "2", "--node-rank", "2"], "node_rank")):
-        done = subprocess.run([sys.executable, "-m", "trainfit", *JOB, "--devices", "1", *flags,
-                               "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120,
-                              env=_env())
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and field in done.stderr, done.stderr
+        rc = main([*JOB, "--devices", "1", *flags, "--run-dir", str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and field in err, err
         assert not (tmp_path / "r").exists()
