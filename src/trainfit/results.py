@@ -684,8 +684,8 @@ class VerifyReport(_Typed):
 class TrainSummary(_Typed):
     """What ``trainfit train --json`` prints: the run's length, its first and final loss, its rate.
 
-    The typed, renderable form of the loop's summary (``trainfit.train.Summary``: the same fields); the front
-    door's ``train()`` returns it.
+    What the training loop returns (``trainfit.train.train``; ``trainfit.train.Summary`` is this class) and the
+    front door's ``train()`` passes on.
     """
 
     steps: int
@@ -702,12 +702,15 @@ class TrainSummary(_Typed):
     val_loss: float | None = None
     """Token-weighted validation loss at the last evaluation (None without ``eval_every``)."""
     val_perplexity: float | None = None
+    """exp(val_loss)."""
     model_dir: str | None = None
     """Where the model was exported at the end (None when nothing was exported)."""
     compile_s: float | None = None
-    """``--compile``: wall seconds of the steps that compiled graphs, less a steady step each."""
+    """``--compile``: wall seconds of the steps that compiled graphs, less a steady step each -- the compile
+    cost, kept apart from step time (``items_per_s`` still counts the whole wall time); None without it."""
     compile: Mapping[str, Any] | None = None
-    """``--compile``: what was compiled and the graphs; None without it."""
+    """``--compile``: what was compiled (scope, targets, backend, mode), ``graphs`` compiled by this run and
+    ``recompiles_after_first_step`` (0 expected: shapes are symbolic); None without it."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from trainfit.export import export_model
 from trainfit.levers.autofit import Fitter, resolve_auto
 from trainfit.meters.timers import PhaseTimer
 from trainfit.outputs import check_run_dir, claim_run_dir
+from trainfit.results import TrainSummary
 from trainfit.run import Run, build_run
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import META, has_checkpoints, list_dcp
@@ -51,37 +52,8 @@ from trainfit.tasks.spec import DataSpec
 log = progress_log.logger("train")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Summary:
-    steps: int
-    final_loss: float
-    first_loss: float
-    skipped_steps: int
-    items_per_s: float
-    """Loss-bearing items per second over the run: tokens for token tasks, samples for sample tasks (``unit``)."""
-    effective_batch: int
-    unit: str
-    """What an item is: "tokens" or "samples"."""
-    run_dir: str
-    wall_s: float
-    val_loss: float | None = None
-    """Token-weighted validation loss at the last evaluation (None without ``eval_every``)."""
-    val_perplexity: float | None = None
-    """exp(val_loss)."""
-    model_dir: str | None = None
-    """Where the model was exported at the end (None when nothing was exported)."""
-    compile_s: float | None = None
-    """``--compile``: wall seconds of the steps that compiled graphs, less a steady step each -- the compile
-    cost, kept apart from step time (``items_per_s`` still counts the whole wall time); None without it."""
-    compile: dict | None = None
-    """``--compile``: what was compiled (scope, targets, backend, mode), ``graphs`` compiled by this run and
-    ``recompiles_after_first_step`` (0 expected: shapes are symbolic); None without it."""
-
-    def to_dict(self) -> dict:
-        """The ``--json`` summary; the rate also under ``<unit>_per_s`` (``tokens_per_s`` or ``samples_per_s``)."""
-        d = dict(self.__dict__)
-        d[f"{self.unit}_per_s"] = self.items_per_s
-        return d
+Summary = TrainSummary
+"""The loop's summary: the typed report ``trainfit train --json`` prints (``results.TrainSummary``)."""
 
 
 def _progress(total: int, initial: int, enabled: bool):
@@ -106,7 +78,7 @@ def check_outside_data(cfg: RunConfig, run_dir: Path) -> None:
                               "a run inside its own data would read its checkpoints and logs as documents")
 
 
-def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy: Strategy | None = None) -> Summary:
+def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, strategy: Strategy | None = None) -> TrainSummary:
     """Train ``cfg`` to ``cfg.steps``; with ``resume``, from the newest checkpoint in its run directory.
 
     Raises:
@@ -214,7 +186,7 @@ def remove_if_unstarted(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> Summary:
+def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> TrainSummary:
     st = run.strategy
     val = _val_batches(cfg, run)  # before any step: a missing or empty split is refused first
     if st.rank == 0:
@@ -319,8 +291,8 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
         if metrics:
             metrics.close()
     wall = time.perf_counter() - t_start
-    return Summary(steps=cfg.steps, final_loss=res.loss if res else math.nan, first_loss=first_loss,
-                   skipped_steps=skipped, items_per_s=items / max(wall, 1e-9),
+    return TrainSummary(steps=cfg.steps, final_loss=res.loss if res else math.nan, first_loss=first_loss,
+                        skipped_steps=skipped, items_per_s=items / max(wall, 1e-9),
                    effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
                    run_dir=str(run_dir), wall_s=wall, val_loss=last_val.get("val_loss"),
                    val_perplexity=last_val.get("val_perplexity"),

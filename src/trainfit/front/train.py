@@ -143,7 +143,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool) -> TrainSummary | None:
     """Train; the summary on rank 0, None on the other ranks. A step that runs out of memory (auto-fit off) is
     explained by rank 0 (``probes.oom``: RUN_DIR/oom.json and one paragraph)."""
     try:
-        summary = TrainSummary.from_dict(train_loop(cfg, resume=resume, progress=progress).to_dict())
+        summary = train_loop(cfg, resume=resume, progress=progress)
     except StepOutOfMemory as e:
         failed = {"micro_batch": e.micro_batch, "accumulation": e.accumulation, "step": e.step}
         if pg.current() is not None and pg.current().rank != 0:
