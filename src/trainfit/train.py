@@ -47,6 +47,7 @@ from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.strategies.dist_checkpoint import META, has_checkpoints, list_dcp
 from trainfit.tasks.base import to_device
 from trainfit.tasks.corpus import reads_under
+from trainfit.tasks.make import is_user_model
 from trainfit.tasks.spec import DataSpec
 
 log = progress_log.logger("train")
@@ -202,7 +203,7 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
     board = logs.open_log(cfg.log, run_dir, start=start, rank=st.rank)  # TensorBoard on rank 0, or nothing
     # everything checked: the lines held on stderr (data, tokenizer, warnings) print now -- except for a user's
     # module:callable, whose protocol its first step checks (a break there is a refusal: one line alone)
-    held = ':' in cfg.model and not cfg.model.startswith('hf:')
+    held = is_user_model(cfg.model)
     if not held:
         logs.accept()
     _say(st.rank, "train: step %d of %d next%s ...", start + 1, cfg.steps,

@@ -14,6 +14,11 @@ DATA_MODELS = "the GPT built-ins (" + ", ".join(GPT_PRESETS) + ") and hf: causal
 """The models ``--data`` feeds (they read token rows); the others train on their generated data."""
 
 
+def is_user_model(model: str) -> bool:
+    """Whether ``model`` names a user's ``module:callable`` (its protocol is checked where it is used)."""
+    return ":" in model and not model.startswith("hf:")
+
+
 def make_task(model: str, *, model_config: str = "", seq_len: int = 64, seed: int = 0, dataset_size: int = 4096,
               data: DataSpec | None = None) -> Task:
     """Resolve a model spec into a Task. A ``module:callable`` is imported only here, when named.
@@ -31,7 +36,7 @@ def make_task(model: str, *, model_config: str = "", seq_len: int = 64, seed: in
 
         return hf_task(model[3:], model_config=model_config, seq_len=seq_len, seed=seed, dataset_size=dataset_size,
                        data=data)
-    if ":" in model:
+    if is_user_model(model):
         from trainfit.tasks.user import user_task  # lazy: the user's module is imported only when named
 
         return user_task(model, model_config=model_config, seq_len=seq_len, seed=seed, dataset_size=dataset_size)
