@@ -12,7 +12,8 @@ bound by one of three things, and communication that hides behind them only wher
     comm        ring collectives at link x bus_share, (n-1) latencies per call; FSDP's all-gather of unit i
                 behind unit i-1's compute (the first exposed), its reduce-scatter behind the next unit's
                 backward (the last exposed); DDP's buckets behind backward (the last bucket exposed); HSDP's
-                cross-node all-reduce of each unit's shard behind the next units' backward (the last exposed)
+                cross-node all-reduce of each unit's shard behind the next units' backward (the last exposed);
+                compute beside an FSDP/HSDP collective slowed by OVERLAP_SLOWDOWN (Lee et al. 2025)
 
 The op list comes from the model's shape (:class:`ModelOps`: the same transformer the analytic memory basis
 counts); recompute is priced as the share of the forward the basis says checkpointing reruns. Every
@@ -100,16 +101,35 @@ def ring_seconds(nbytes: float, n: int, *, bandwidth_bytes_per_s: float, bus_sha
     return times * ((n - 1) / n * nbytes / (bandwidth_bytes_per_s * bus_share) + (n - 1) * latency_s)
 
 
-def overlapped(comm_per_unit: float, compute_per_unit: float, units: int) -> float:
+OVERLAP_SLOWDOWN = 0.189
+"""How much slower compute kernels run while a collective runs beside them (0.189: 18.9% longer): the collective's
+kernels hold SMs and draw HBM bandwidth and power the compute would have had. Lee, Oh, Kim, Go, Park and Mahajan
+2025, "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and
+Power Implications" (arXiv 2507.03114), abstract: overlapping computation and communication slows the computation
+by 18.9% on average (40.0% at most) against the same computation with no communication, over GPT and Llama
+models on 4 A100, H100, MI250 and MI210 GPUs. One average for every device: the paper's abstract gives no
+per-device figure. Why it weighs more on a faster GPU: the slowdown is paid only while a collective runs, and
+from A100 to H100 the dense peak grew 3.2x but NVLink 1.5x, so a unit's collective covers about twice as much of
+its compute."""
+
+
+def overlapped(comm_per_unit: float, compute_per_unit: float, units: int, *,
+               slowdown: float = OVERLAP_SLOWDOWN) -> float:
     """Exposed seconds of ``units`` equal collectives each prefetched behind the previous unit's compute:
-    the first one waits in full, every later one only for what exceeds the compute it hides behind."""
+    the first one waits in full; behind every later one the compute runs ``1 + slowdown`` times slower while the
+    collective is in flight (:data:`OVERLAP_SLOWDOWN`). With c the collective and t the compute it hides behind:
+    if c >= t (1 + s), the compute finishes under the collective and the unit waits c - t; else the compute does
+    c / (1 + s) of its work during the collective and the rest at full speed, so the unit takes t + c s / (1 + s).
+    Both cases: max(c - t, c s / (1 + s)) beyond t. ``slowdown=0``: perfect overlap, max(0, c - t)."""
     if units <= 0:
         return 0.0
-    return comm_per_unit + (units - 1) * max(0.0, comm_per_unit - compute_per_unit)
+    c, t = comm_per_unit, compute_per_unit
+    return c + (units - 1) * max(c - t, c * slowdown / (1.0 + slowdown), 0.0)
 
 
 def hsdp_all_reduce(grad_bytes: float, *, shard_over: int, replicas: int, units: int, backward_s: float,
-                    bandwidth_bytes_per_s: float, bus_share: float, latency_s: float = 0.0) -> tuple[float, float]:
+                    bandwidth_bytes_per_s: float, bus_share: float, latency_s: float = 0.0,
+                    slowdown: float = OVERLAP_SLOWDOWN) -> tuple[float, float]:
     """(total, exposed) seconds of HSDP's cross-replica gradient all-reduce in one synced backward.
 
     HSDP shards within a group of ``shard_over`` devices (a node) and replicates across ``replicas`` groups
@@ -117,13 +137,14 @@ def hsdp_all_reduce(grad_bytes: float, *, shard_over: int, replicas: int, units:
     of that unit's gradients and all-reduces it with the devices of the same rank in the other replicas: a
     ring all-reduce of ``grad_bytes / shard_over / units`` over ``replicas`` devices on the inter-node link
     (``bandwidth_bytes_per_s`` per device at ``bus_share``). Each runs behind the backward of the units after
-    it (:func:`overlapped`: the last unit's is exposed in full, the others only where they outlast a unit's
-    backward, ``backward_s / units``). One group (``replicas`` = 1) sends nothing."""
+    it (:func:`overlapped`: the last unit's is exposed in full, the others where they outlast a unit's backward,
+    ``backward_s / units``, or by the ``slowdown`` they cause the backward running beside them). One group
+    (``replicas`` = 1) sends nothing."""
     if replicas <= 1 or units < 1:
         return 0.0, 0.0
     per_unit = ring_seconds(grad_bytes / shard_over / units, replicas, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                             bus_share=bus_share, latency_s=latency_s, all_reduce=True)
-    return units * per_unit, overlapped(per_unit, backward_s / units, units)
+    return units * per_unit, overlapped(per_unit, backward_s / units, units, slowdown=slowdown)
 
 
 # -- the model's ops ---------------------------------------------------------------------------------------------
