@@ -395,3 +395,120 @@ def test_identity_branch_finder_finds_each_kind(tmp_path):
     (tmp_path / "vocabulary.py").write_text("x = s == StrategyName.ZERO1\n")
     assert [src for _, _, src in identity_branches(tmp_path)] == [
         "s == StrategyName.ZERO1", "s in _FSDP", "p != 'fp32'", "c.strategy in ('ddp', 'x')"]
+
+
+# ---- a function takes the config sections it reads, not the whole RunConfig (issue #29) ----------------------
+WHOLE_CONFIG_ALLOWED: dict[str, str] = {}
+"""``file:function`` allowed to take a whole RunConfig while reading one or two of its sections, each with why."""
+
+
+def _names_run_config(annotation: ast.AST | None) -> bool:
+    """``RunConfig``, ``config.RunConfig``, ``"RunConfig"`` or a union holding one (``RunConfig | None``)."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return False
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return _names_run_config(annotation.left) or _names_run_config(annotation.right)
+    return (isinstance(annotation, ast.Name) and annotation.id == "RunConfig") or (
+        isinstance(annotation, ast.Attribute) and annotation.attr == "RunConfig")
+
+
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> list[ast.arg]:
+    a = node.args
+    return [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x is not None)]
+
+
+class _ConfigUses(ast.NodeVisitor):
+    """The RunConfig fields read as ``name.field`` in a function's body, and whether ``name`` is used whole:
+    passed on, compared, rebound, or any other attribute (``cfg.to_dict()``, ``cfg.section(...)``)."""
+
+    def __init__(self, name: str, fields: frozenset[str]) -> None:
+        self.name, self.known = name, fields
+        self.fields: set[str] = set()
+        self.whole = False
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if isinstance(node.value, ast.Name) and node.value.id == self.name:
+            if node.attr in self.known and isinstance(node.ctx, ast.Load):
+                self.fields.add(node.attr)
+            else:
+                self.whole = True
+            return
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id == self.name:
+            self.whole = True
+
+    def _scope(self, node) -> None:
+        """A nested function or lambda: its own parameter of the same name hides this one (defaults do not)."""
+        if self.name in {p.arg for p in _params(node)}:
+            for default in [*node.args.defaults, *node.args.kw_defaults]:
+                if default is not None:
+                    self.visit(default)
+            return
+        self.generic_visit(node)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _scope
+
+
+def whole_config_takers(root: Path = SRC) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Functions with a RunConfig parameter that read fields of only one or two sections through it and never
+    use it whole: (file, qualified function name, the sections read)."""
+    from trainfit.config import FIELDS, SECTION_OF, SECTIONS
+
+    known = frozenset(FIELDS)
+    out = []
+
+    def walk(node: ast.AST, rel: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                for p in _params(child):
+                    if not _names_run_config(p.annotation):
+                        continue
+                    uses = _ConfigUses(p.arg, known)
+                    for stmt in child.body:
+                        uses.visit(stmt)
+                    sections = {SECTION_OF[f] for f in uses.fields}
+                    if not uses.whole and 1 <= len(sections) <= 2:
+                        out.append((rel, name, tuple(s for s in SECTIONS if s in sections)))
+                walk(child, rel, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, rel, prefix + child.name + ".")
+            else:
+                walk(child, rel, prefix)
+
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        walk(ast.parse(path.read_text()), rel, "")
+    return out
+
+
+def test_a_function_takes_the_config_sections_it_reads():
+    """A function that reads one or two sections of a RunConfig and never hands the config on takes those
+    sections (``cfg.section("levers")``, :data:`trainfit.config.SECTIONS`), not the whole 48-field config."""
+    found = whole_config_takers()
+    left = [f"{f}:{name} reads only [{', '.join(secs)}]" for f, name, secs in found
+            if f"{f}:{name}" not in WHOLE_CONFIG_ALLOWED]
+    assert not left, "take the section(s), not the whole config:\n" + "\n".join(left)
+
+
+def test_whole_config_finder_tells_a_section_reader_from_a_whole_config_user(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "def one(cfg: RunConfig, n: int):\n    return cfg.precision, cfg.accumulation\n"
+        "def two(c: 'RunConfig'):\n    return c.strategy if c.lr else c.devices\n"
+        "def three(cfg: RunConfig | None):\n    return cfg.precision, cfg.lr, cfg.seed\n"
+        "def passed_on(cfg: config.RunConfig):\n    return cfg.precision, g(cfg)\n"
+        "def method(cfg: RunConfig):\n    return cfg.steps, cfg.to_dict()\n"
+        "def none(cfg: RunConfig, other):\n    return other.lr\n"
+        "def plain(cfg):\n    return cfg.lr\n"
+        "class K:\n    def m(self, cfg: RunConfig):\n        def inner(cfg):\n            return cfg\n"
+        "        return cfg.seed, (lambda: cfg.memory_cap)()\n"
+        "def outer(cfg: RunConfig):\n    def inner(c: RunConfig):\n        return c.lr, cfg.strategy\n"
+        "    return inner\n")
+    assert whole_config_takers(tmp_path) == [
+        ("a.py", "one", ("levers",)), ("a.py", "two", ("distribution", "schedule")), ("a.py", "K.m", ("run",)),
+        ("a.py", "outer", ("distribution",)), ("a.py", "outer.inner", ("schedule",))]

@@ -181,6 +181,12 @@ class RunConfig:
     """Comma-separated parts kept in host memory: optimizer, params (zero3), activations; "" keeps all on the device."""
 
     def __post_init__(self) -> None:
+        self._check_values()
+        self._check_texts()
+        self._check_combinations()
+
+    def _check_values(self) -> None:
+        """The typed names (stored as their enum members), the counts and the numbers, each by its range."""
         for key, enum in _ENUMS.items():  # a typed name: check, then store the member
             check_choice(key, getattr(self, key), tuple(enum))
             object.__setattr__(self, key, enum(getattr(self, key)))
@@ -206,6 +212,10 @@ class RunConfig:
         check_int("max_consecutive_skips", self.max_consecutive_skips, minimum=1)
         check_number("min_loss_scale", self.min_loss_scale, minimum=0.0)
         check_int("memory_cap", self.memory_cap, minimum=0)
+
+    def _check_texts(self) -> None:
+        """The model, the run directory, the checkpointing policy and the data's text fields: strings, non-empty
+        where they must be, paths without control characters."""
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model", self.model, "a built-in name, hf:Class or module:callable")
         if not isinstance(self.model_config, str):
@@ -228,6 +238,10 @@ class RunConfig:
             raise ConfigError("tokenizer", self.tokenizer, '"byte" or a directory holding tokenizer.json')
         if not isinstance(self.packing, bool):
             raise ConfigError("packing", self.packing, "on or off (true or false)")
+
+    def _check_combinations(self) -> None:
+        """The validation split, the weights' levers (lora, freeze), compile, offload, exports, the schedule and
+        evaluation: each alone and with the fields it depends on."""
         check_number("val_fraction", self.val_fraction, minimum=0.0, inclusive=True)
         if self.val_fraction >= 1.0:
             raise ConfigError("val_fraction", self.val_fraction, "a number in [0, 1)")

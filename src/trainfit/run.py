@@ -19,7 +19,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from trainfit.checkpoint import check_resumable, first_cause, restore_rng, resume_record, rng_state
-from trainfit.config import RunConfig
+from trainfit.config import RunConfig, ScheduleSection
 from trainfit.engine import LossFn, StepResult, optimizer_step
 from trainfit.errors import CheckpointError, ConfigError
 from trainfit.export import init_weights
@@ -34,26 +34,27 @@ from trainfit.levers.schedule import advance, make_scheduler, restore_scheduler
 from trainfit.meters.timers import NULL_TIMER, Timer
 from trainfit.strategies import Strategy, make_strategy
 from trainfit.tasks.base import Task
-from trainfit.tasks.make import task_of  # noqa: F401 -- re-exported (probes import it from here)
+from trainfit.tasks.make import task_of
 from trainfit.vocabulary import Optimizer, parse_lora
 
 
-def make_optimizer(cfg: RunConfig, params: list[torch.Tensor], *, model: nn.Module | None = None
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(schedule: ScheduleSection, params: list[torch.Tensor], *,
+                   model: nn.Module | None = None) -> torch.optim.Optimizer:
     """The configured optimizer over ``params`` (torch's default implementation for the device).
 
     With ``model`` (whose trainable parameters ``params`` are, in order -- or their master copies) and a
     weight decay, the standard groups (:mod:`trainfit.levers.param_groups`): decay on weight matrices only,
     none on biases, norm weights and embeddings. Without ``model`` every parameter decays (one group).
     Adam takes no weight decay here (``weight_decay`` is AdamW's decoupled one, or SGD's).
+    ``schedule`` is the config's schedule section (``cfg.section("schedule")``).
     """
-    decay = 0.0 if cfg.optimizer == Optimizer.ADAM else cfg.weight_decay
+    decay = 0.0 if schedule.optimizer == Optimizer.ADAM else schedule.weight_decay
     groups = param_groups(model, params, decay) if model is not None else params
-    if cfg.optimizer == Optimizer.ADAMW:
-        return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == Optimizer.ADAM:
-        return torch.optim.Adam(groups, lr=cfg.lr)
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    if schedule.optimizer == Optimizer.ADAMW:
+        return torch.optim.AdamW(groups, lr=schedule.lr, weight_decay=schedule.weight_decay)
+    if schedule.optimizer == Optimizer.ADAM:
+        return torch.optim.Adam(groups, lr=schedule.lr)
+    return torch.optim.SGD(groups, lr=schedule.lr, momentum=0.9, weight_decay=schedule.weight_decay)
 
 
 @dataclass
@@ -196,7 +197,8 @@ def build_run(cfg: RunConfig, *, strategy: Strategy | None = None) -> Run:
     model = strategy.wrap(model, precision, blocks, **offload.wrap_options())  # FSDP2's CPUOffloadPolicy
     offload.after_wrap(model)
     # zero1: each rank keeps the state of its partition only; the other strategies return it as it is.
-    optimizer = strategy.shard_optimizer(make_optimizer(cfg, precision.optimizer_params(model), model=model))
+    optimizer = strategy.shard_optimizer(make_optimizer(cfg.section("schedule"), precision.optimizer_params(model),
+                                                        model=model))
     return Run(cfg=cfg, task=task, model=model, precision=precision, strategy=strategy, optimizer=optimizer,
                scheduler=make_scheduler(optimizer, cfg),
                checkpointed=checkpointed, batchnorm=bn, frozen=frozen, compiled=compiled,

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from trainfit.checkpoint import (
     resume_record,
     rng_state,
 )
-from trainfit.config import RunConfig, dump_toml
+from trainfit.config import LeversSection, RunConfig, RunSection, dump_toml
 from trainfit.engine import StepResult, evaluate
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.export import export_model
@@ -72,10 +72,10 @@ def _say(rank: int, message: str, *args) -> None:
 def check_outside_data(cfg: RunConfig, run_dir: Path) -> None:
     """Refuse a run directory that ``--data`` or ``--val-data`` reads: the next read would train on the run's own
     checkpoints, logs and exported model."""
-    for field in ("data", "val_data"):
-        spec = getattr(cfg, field)
+    for key in ("data", "val_data"):
+        spec = getattr(cfg, key)
         if spec and reads_under(spec, run_dir):
-            raise ConfigError("run_dir", str(run_dir), f"a directory the {field} ({spec}) does not read",
+            raise ConfigError("run_dir", str(run_dir), f"a directory the {key} ({spec}) does not read",
                               "a run inside its own data would read its checkpoints and logs as documents")
 
 
@@ -188,41 +188,22 @@ def remove_if_unstarted(run_dir: Path) -> None:
 
 
 def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, progress: bool) -> TrainSummary:
+    """Steps ``start + 1 .. cfg.steps`` of ``run``, then the summary. Each step: the micro-batches, the optimizer
+    step, the health check, its metrics line (with evaluation when due), the bar, a checkpoint or export when due."""
     st = run.strategy
-    val = _val_batches(cfg, run)  # before any step: a missing or empty split is refused first
-    if st.rank == 0:
-        claim_run_dir(run_dir, checked=True)  # train() checked it (or found checkpoints to resume)
-        (run_dir / "config.toml").write_text(dump_toml(cfg))
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-
+    levers, run_section = cfg.section("levers"), cfg.section("run")  # built once here, read every step
+    val = _val_batches(levers, run_section, run)  # before any step: a missing or empty split is refused first
+    _open_run_dir(cfg, run_dir, st.rank)
     fit = Fitter(run, start_step=start, auto=auto)  # owns the loader; re-cuts a step on out-of-memory
-    if st.rank == 0:
-        _trim_metrics(run_dir / "metrics.jsonl", start)
-    metrics = open(run_dir / "metrics.jsonl", "a") if st.rank == 0 else None
-    board = logs.open_log(cfg.log, run_dir, start=start, rank=st.rank)  # TensorBoard on rank 0, or nothing
-    # everything checked: the lines held on stderr (data, tokenizer, warnings) print now -- except for a user's
-    # module:callable, whose protocol its first step checks (a break there is a refusal: one line alone)
-    held = is_user_model(cfg.model)
-    if not held:
-        logs.accept()
+    metrics, board = _open_logs(run_section, run_dir, start=start, rank=st.rank)
+    held = _accept_unless_user_model(cfg.model)
     _say(st.rank, "train: step %d of %d next%s ...", start + 1, cfg.steps,
          " (it compiles the graphs: --compile)" if run.compiled else "")
     bar = _progress(cfg.steps, start, progress and st.rank == 0)
-    first_loss = math.nan
-    res: StepResult | None = None
-    last_val: dict = {}
-    skipped = consecutive_skips = 0  # this invocation's; the log's count is cumulative over resumes
-    skipped_before = _skipped_before(run_dir / "metrics.jsonl", start) if st.rank == 0 else 0
-    items = 0
-    model_dir = None
+    s = _LoopState.begin(run, run_dir, start)
     cuda = st.device.type == "cuda"
     timer = PhaseTimer(st.device)  # per-step breakdown for metrics.jsonl (a few perf_counter calls)
-    t_start = last_save = time.perf_counter()
-    graphs = run.compiled.graphs() if run.compiled else 0
-    compile_steps: list[float] = []  # seconds of the steps that compiled a graph (--compile)
-    steady_steps: list[float] = []
-    graphs_first = None
+    s.t_start = s.last_save = time.perf_counter()
     try:
         for step in range(start, cfg.steps):
             done = step + 1
@@ -234,71 +215,171 @@ def _loop(cfg: RunConfig, run: Run, run_dir: Path, *, start: int, auto: bool, pr
             t1 = time.perf_counter()
             mbs = [to_device(mb, st.device) for mb in mbs]
             shrinks = len(fit.events)
-            res = fit.step(step, mbs, timer=timer)  # optimizer_step, under the memory cap if any
+            s.res = res = fit.step(step, mbs, timer=timer)  # optimizer_step, under the memory cap if any
             if held:  # the user's protocol held for a whole step: accepted
                 logs.accept()
                 held = False
-            for ev in fit.events[shrinks:]:  # auto-fit names what it changed
-                if st.rank == 0:
-                    bar.write(f"trainfit: auto-fit: out of memory in step {ev['step']}: micro-batch {ev['from'][0]} x "
-                              f"accumulation {ev['from'][1]} -> {ev['to'][0]} x {ev['to'][1]} (global batch kept)",
-                              file=sys.stderr)
+            _say_refits(bar, fit.events[shrinks:], st.rank)
             phases = timer.collect()  # CUDA: one sync per step to read the events
             t2 = time.perf_counter()
-            _check_health(cfg, run, res, consecutive_skips + (not res.stepped), step)
-            skipped += not res.stepped
-            consecutive_skips = 0 if res.stepped else consecutive_skips + 1
-            items += res.count
-            if math.isnan(first_loss):
-                first_loss = res.loss
-            rate = res.count / max(t2 - t0, 1e-9)
-            data_frac = (t1 - t0) / max(t2 - t0, 1e-9)
-            record = {
-                "step": done, "loss": res.loss, "count": res.count, "stepped": res.stepped,
-                "skipped_steps": skipped_before + skipped, "lr": lr,
-                "loss_scale": res.loss_scale, "grad_norm": res.grad_norm, "step_s": t2 - t0,
-                "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
-                **{f"{k}_s": v for k, v in phases.items()},  # forward, backward[_sync], optimizer
-            }
-            if run.compiled:  # graphs compiled during this step: >0 at the first step, then 0 (a recompile)
-                now = run.compiled.graphs()
-                record["compile_graphs"], graphs = now - graphs, now
-                (compile_steps if record["compile_graphs"] else steady_steps).append(t2 - t0)
-                graphs_first = graphs if graphs_first is None else graphs_first
-            if cuda:  # CPU has no allocator peak to read (the memory probe measures it there)
-                record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(st.device)
-            if val is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-                last_val = _evaluate(run, val)
-                record.update(last_val)
-            if metrics:
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-            board.write(done, record)
-            shown = f" val={last_val['val_loss']:.4f}" if last_val else ""
-            shown += f" compile={sum(compile_steps):.1f}s" if run.compiled else ""
-            bar.set_postfix_str(f"loss={res.loss:.4f}{shown} {run.task.unit}/s={rate:,.0f} data={data_frac:.0%} "
-                                f"scale={res.loss_scale:g} lr={lr:.3g}", refresh=False)
-            bar.update(1)
-            by_time = _minutes_passed(cfg, st, time.perf_counter() - last_save)
-            if checkpoint_due(done, steps=cfg.steps, every=cfg.checkpoint_every, by_time=by_time):
-                run.save(done)
-                last_save = time.perf_counter()
-            if done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0):
-                model_dir = export_model(run, run_dir / "model")  # a collective: every rank calls it
+            _check_health(levers, run_section, run, res, s.consecutive_skips + (not res.stepped), step)
+            s.count(res)
+            record = _step_record(run, s, res, done=done, lr=lr, phases=phases, t0=t0, t1=t1, t2=t2, cuda=cuda)
+            if val is not None and (done % run_section.eval_every == 0 or done == cfg.steps):
+                s.last_val = _evaluate(run, val)
+                record.update(s.last_val)
+            _write_record(metrics, board, done, record)
+            _show_step(bar, run, s, record)
+            _checkpoint_and_export(run, run_section, s, done, steps=cfg.steps, run_dir=run_dir)
     finally:
         fit.close()  # DataLoader workers stop here, not at the next garbage collection
         bar.close()
         board.close()
         if metrics:
             metrics.close()
-    wall = time.perf_counter() - t_start
-    return TrainSummary(steps=cfg.steps, final_loss=res.loss if res else math.nan, first_loss=first_loss,
-                        skipped_steps=skipped, items_per_s=items / max(wall, 1e-9),
-                   effective_batch=cfg.micro_batch * cfg.accumulation * st.world_size, unit=run.task.unit,
-                   run_dir=str(run_dir), wall_s=wall, val_loss=last_val.get("val_loss"),
-                   val_perplexity=last_val.get("val_perplexity"),
-                   model_dir=str(model_dir) if model_dir is not None else None,
-                   **_compile_summary(run, compile_steps, steady_steps, graphs_first))
+    return _summary(levers, cfg.steps, run, run_dir, s, wall=time.perf_counter() - s.t_start)
+
+
+def _open_run_dir(cfg: RunConfig, run_dir: Path, rank: int) -> None:
+    """Rank 0 claims the run directory (train() checked it, or found checkpoints to resume) and writes
+    config.toml there; the other ranks only make sure it exists."""
+    if rank == 0:
+        claim_run_dir(run_dir, checked=True)
+        (run_dir / "config.toml").write_text(dump_toml(cfg))
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _open_logs(run_section: RunSection, run_dir: Path, *, start: int, rank: int):
+    """(metrics.jsonl opened to append on rank 0, else None; the ``--log`` sink: TensorBoard on rank 0, or
+    nothing). The log is first cut back to steps ``1..start`` (a resumed run redoes the steps after it)."""
+    if rank == 0:
+        _trim_metrics(run_dir / "metrics.jsonl", start)
+    metrics = open(run_dir / "metrics.jsonl", "a") if rank == 0 else None  # noqa: SIM115 -- _loop closes it
+    return metrics, logs.open_log(run_section.log, run_dir, start=start, rank=rank)
+
+
+def _accept_unless_user_model(model: str) -> bool:
+    """Everything is checked: the lines held on stderr (data, tokenizer, warnings) print now -- except for a
+    user's module:callable, whose protocol its first step checks (a break there is a refusal: one line alone).
+    True while they stay held."""
+    held = is_user_model(model)
+    if not held:
+        logs.accept()
+    return held
+
+
+@dataclass(slots=True, kw_only=True)
+class _LoopState:
+    """What the loop carries from step to step and reports in the summary (this invocation's counts; the log's
+    ``skipped_steps`` is cumulative over resumes)."""
+
+    skipped_before: int
+    """Steps skipped by the run being resumed, up to its checkpoint."""
+    graphs: int
+    """Graphs compiled so far (``--compile``)."""
+    res: StepResult | None = None
+    first_loss: float = math.nan
+    last_val: dict = field(default_factory=dict)
+    skipped: int = 0
+    consecutive_skips: int = 0
+    items: int = 0
+    model_dir: Path | None = None
+    t_start: float = 0.0
+    last_save: float = 0.0
+    compile_steps: list[float] = field(default_factory=list)
+    """Seconds of the steps that compiled a graph (``--compile``)."""
+    steady_steps: list[float] = field(default_factory=list)
+    graphs_first: int | None = None
+
+    @classmethod
+    def begin(cls, run: Run, run_dir: Path, start: int) -> _LoopState:
+        """The state before step ``start + 1``: the skips the resumed run's log counted (rank 0 reads them)."""
+        skipped_before = _skipped_before(run_dir / "metrics.jsonl", start) if run.strategy.rank == 0 else 0
+        return cls(skipped_before=skipped_before, graphs=run.compiled.graphs() if run.compiled else 0)
+
+    def count(self, res: StepResult) -> None:
+        """Count a finished step: skipped (overflow) or not, its items, the first loss."""
+        self.skipped += not res.stepped
+        self.consecutive_skips = 0 if res.stepped else self.consecutive_skips + 1
+        self.items += res.count
+        if math.isnan(self.first_loss):
+            self.first_loss = res.loss
+
+
+def _say_refits(bar, events: list[dict], rank: int) -> None:
+    """Auto-fit names what it changed (rank 0, above the bar)."""
+    for ev in events:
+        if rank == 0:
+            bar.write(f"trainfit: auto-fit: out of memory in step {ev['step']}: micro-batch {ev['from'][0]} x "
+                      f"accumulation {ev['from'][1]} -> {ev['to'][0]} x {ev['to'][1]} (global batch kept)",
+                      file=sys.stderr)
+
+
+def _step_record(run: Run, s: _LoopState, res: StepResult, *, done: int, lr: float, phases: dict, t0: float,
+                 t1: float, t2: float, cuda: bool) -> dict:
+    """The step's metrics.jsonl line (evaluation is added to it when due): the step started at ``t0``, had its
+    micro-batches at ``t1`` and finished at ``t2``. Counts the graphs compiled during it (``--compile``)."""
+    rate = res.count / max(t2 - t0, 1e-9)
+    data_frac = (t1 - t0) / max(t2 - t0, 1e-9)
+    record = {
+        "step": done, "loss": res.loss, "count": res.count, "stepped": res.stepped,
+        "skipped_steps": s.skipped_before + s.skipped, "lr": lr,
+        "loss_scale": res.loss_scale, "grad_norm": res.grad_norm, "step_s": t2 - t0,
+        "data_wait_s": t1 - t0, "data_wait_frac": data_frac, f"{run.task.unit}_per_s": rate,
+        **{f"{k}_s": v for k, v in phases.items()},  # forward, backward[_sync], optimizer
+    }
+    if run.compiled:  # graphs compiled during this step: >0 at the first step, then 0 (a recompile)
+        now = run.compiled.graphs()
+        record["compile_graphs"], s.graphs = now - s.graphs, now
+        (s.compile_steps if record["compile_graphs"] else s.steady_steps).append(t2 - t0)
+        s.graphs_first = s.graphs if s.graphs_first is None else s.graphs_first
+    if cuda:  # CPU has no allocator peak to read (the memory probe measures it there)
+        record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(run.strategy.device)
+    return record
+
+
+def _write_record(metrics, board, done: int, record: dict) -> None:
+    """The step's line to metrics.jsonl (rank 0, flushed: a killed run keeps it) and to the ``--log`` sink."""
+    if metrics:
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+    board.write(done, record)
+
+
+def _show_step(bar, run: Run, s: _LoopState, record: dict) -> None:
+    """The step on the progress bar: loss, last validation loss, compile time, rate, data wait, scale, lr."""
+    unit = run.task.unit
+    shown = f" val={s.last_val['val_loss']:.4f}" if s.last_val else ""
+    shown += f" compile={sum(s.compile_steps):.1f}s" if run.compiled else ""
+    bar.set_postfix_str(f"loss={record['loss']:.4f}{shown} {unit}/s={record[unit + '_per_s']:,.0f} "
+                        f"data={record['data_wait_frac']:.0%} scale={record['loss_scale']:g} lr={record['lr']:.3g}",
+                        refresh=False)
+    bar.update(1)
+
+
+def _checkpoint_and_export(run: Run, run_section: RunSection, s: _LoopState, done: int, *, steps: int,
+                           run_dir: Path) -> None:
+    """After step ``done`` of ``steps``: a checkpoint when due (:func:`checkpoint_due`), the model exported to
+    RUN_DIR/model after the last step and every ``save_every`` steps (a collective: every rank calls it)."""
+    by_time = _minutes_passed(run_section, run.strategy, time.perf_counter() - s.last_save)
+    if checkpoint_due(done, steps=steps, every=run_section.checkpoint_every, by_time=by_time):
+        run.save(done)
+        s.last_save = time.perf_counter()
+    if done == steps or (run_section.save_every and done % run_section.save_every == 0):
+        s.model_dir = export_model(run, run_dir / "model")
+
+
+def _summary(levers: LeversSection, steps: int, run: Run, run_dir: Path, s: _LoopState, *,
+             wall: float) -> TrainSummary:
+    """The loop's summary after ``wall`` seconds (:class:`~trainfit.results.TrainSummary`)."""
+    return TrainSummary(steps=steps, final_loss=s.res.loss if s.res else math.nan, first_loss=s.first_loss,
+                        skipped_steps=s.skipped, items_per_s=s.items / max(wall, 1e-9),
+                        effective_batch=levers.micro_batch * levers.accumulation * run.strategy.world_size,
+                        unit=run.task.unit, run_dir=str(run_dir), wall_s=wall, val_loss=s.last_val.get("val_loss"),
+                        val_perplexity=s.last_val.get("val_perplexity"),
+                        model_dir=str(s.model_dir) if s.model_dir is not None else None,
+                        **_compile_summary(run, s.compile_steps, s.steady_steps, s.graphs_first))
 
 
 def _compile_summary(run: Run, compile_steps: list[float], steady_steps: list[float], graphs_first) -> dict:
@@ -324,13 +405,13 @@ def checkpoint_due(done: int, *, steps: int, every: int, by_time: bool) -> bool:
     return done == steps or by_time or bool(every and done % every == 0)
 
 
-def _minutes_passed(cfg: RunConfig, st: Strategy, since_s: float) -> bool:
+def _minutes_passed(run_section: RunSection, st: Strategy, since_s: float) -> bool:
     """``checkpoint_minutes`` passed since the last checkpoint. Clocks differ between ranks, so with
     several ranks rank 0 decides and the others follow (one all-reduce of one number per step, only when
     the clock is on; on CUDA a host-device sync)."""
-    if not cfg.checkpoint_minutes:
+    if not run_section.checkpoint_minutes:
         return False
-    due = since_s >= cfg.checkpoint_minutes * 60
+    due = since_s >= run_section.checkpoint_minutes * 60
     if st.world_size == 1:
         return due
     flag = torch.tensor([1.0 if (due and st.rank == 0) else 0.0], device=st.device)
@@ -370,21 +451,21 @@ class _Val:
     """The split's first batch: run (and discarded) by a rank whose share is empty."""
 
 
-def _val_batches(cfg: RunConfig, run: Run) -> _Val | None:
+def _val_batches(levers: LeversSection, run_section: RunSection, run: Run) -> _Val | None:
     """This rank's share of the validation split, or None when evaluation is off."""
-    if not cfg.eval_every:
+    if not run_section.eval_every:
         return None
     ds = run.task.val_dataset()
     if ds is None:
-        raise ConfigError("eval_every", cfg.eval_every, "0 for a task without a validation split",
+        raise ConfigError("eval_every", run_section.eval_every, "0 for a task without a validation split",
                           "pass --val-fraction F or --val-data PATH with --data")
     if len(ds) == 0:
-        raise ConfigError("eval_every", cfg.eval_every, "0 with an empty validation split",
+        raise ConfigError("eval_every", run_section.eval_every, "0 with an empty validation split",
                           "raise --val-fraction or give --val-data with at least one document")
     st = run.strategy
-    mine = val_index_batches(len(ds), micro_batch=cfg.micro_batch, rank=st.rank, world_size=st.world_size,
-                             limit=cfg.eval_batches)
-    first = val_index_batches(len(ds), micro_batch=cfg.micro_batch, rank=0, world_size=1, limit=1)
+    mine = val_index_batches(len(ds), micro_batch=levers.micro_batch, rank=st.rank, world_size=st.world_size,
+                             limit=run_section.eval_batches)
+    first = val_index_batches(len(ds), micro_batch=levers.micro_batch, rank=0, world_size=1, limit=1)
     return _Val(batches=_LazyBatches(ds, run.task.collate, mine, st.device),
                 filler=_LazyBatches(ds, run.task.collate, first, st.device))
 
@@ -441,18 +522,19 @@ def _trim_metrics(path: Path, start: int) -> None:
     atomic_write_bytes(path, "".join(keep).encode())
 
 
-def _check_health(cfg: RunConfig, run: Run, res: StepResult, consecutive: int, step: int) -> None:
+def _check_health(levers: LeversSection, run_section: RunSection, run: Run, res: StepResult, consecutive: int,
+                  step: int) -> None:
     """Stop rather than train on garbage; the last good checkpoint stays on disk."""
     if not res.stepped and not run.precision.scales_loss:
         raise TrainingStopped(
-            f"step {step + 1}: loss or gradients are not finite (loss={res.loss}) with precision={cfg.precision}; "
+            f"step {step + 1}: loss or gradients are not finite (loss={res.loss}) with precision={levers.precision}; "
             "stopped before corrupting the weights (lower lr, check the data, or add grad_clip)")
-    if consecutive >= cfg.max_consecutive_skips:
+    if consecutive >= run_section.max_consecutive_skips:
         raise TrainingStopped(
-            f"step {step + 1}: {consecutive} optimizer steps in a row overflowed in {cfg.precision}; likely cause: "
+            f"step {step + 1}: {consecutive} optimizer steps in a row overflowed in {levers.precision}; likely cause: "
             "activations beyond fp16's range (e.g. a bf16-pretrained model run in fp16) -- use bf16-mixed")
     scale = run.precision.loss_scale
-    if run.precision.scales_loss and scale < cfg.min_loss_scale:
+    if run.precision.scales_loss and scale < run_section.min_loss_scale:
         raise TrainingStopped(
-            f"step {step + 1}: loss scale {scale:g} fell below min_loss_scale={cfg.min_loss_scale:g}; gradients "
-            "overflow fp16 even unscaled -- use bf16-mixed or lower the learning rate")
+            f"step {step + 1}: loss scale {scale:g} fell below min_loss_scale={run_section.min_loss_scale:g}; "
+            "gradients overflow fp16 even unscaled -- use bf16-mixed or lower the learning rate")

@@ -11,10 +11,10 @@ import json
 import sys
 
 import torch
+from tests.reliability.cli_harness import check_promise, cli, snapshot
 from torch import nn
 from torch.nn import functional as F
 
-from tests.reliability.cli_harness import check_promise, cli, snapshot
 from trainfit.config import RunConfig
 from trainfit.integrations.frameworks import (
     Window,
@@ -23,7 +23,7 @@ from trainfit.integrations.frameworks import (
     step_lightning,
     verify_framework,
 )
-from trainfit.integrations.hf_window import hf_rows, load_hf_model
+from trainfit.integrations.hf_window import hf_model, hf_rows
 from trainfit.probes.verify import flat, rel_error
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.synthetic import collate_tokens
@@ -113,7 +113,7 @@ def test_lightning_default_is_mean_of_means():
 def test_trainer_llama_gradient_is_the_big_batch_one():
     cfg = RunConfig(model="hf:LlamaForCausalLM", model_config=TINY_LLAMA, seq_len=32, micro_batch=4, accumulation=3,
                     dataset_size=32)
-    rows = hf_rows(cfg, load_hf_model(cfg))
+    rows = hf_rows(cfg, hf_model(cfg.section("model"), cfg.section("run")))
     assert len(set(rows.counts)) == 3
     got = flat(step_hf_trainer(rows, micro_batch=4, accumulation=3).grads)
     # Independent: every row alone through the same initial weights, CE sum / all predicted tokens.

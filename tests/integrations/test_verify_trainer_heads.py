@@ -17,9 +17,9 @@ import json
 import pytest
 import torch
 import transformers as tf
+from tests.reliability.cli_harness import cli
 from torch.nn import functional as F
 
-from tests.reliability.cli_harness import cli
 from trainfit.config import RunConfig
 from trainfit.integrations.frameworks import verify_framework
 from trainfit.probes.verify import rel_error
@@ -51,9 +51,9 @@ def _cfg(path: str) -> RunConfig:
 
 
 def _rows(cfg: RunConfig):
-    from trainfit.integrations.hf_window import hf_rows, load_hf_model  # the rows the tool ran (data, not math)
+    from trainfit.integrations.hf_window import hf_model, hf_rows  # the rows the tool ran (data, not math)
 
-    return hf_rows(cfg, load_hf_model(cfg)).groups
+    return hf_rows(cfg, hf_model(cfg.section("model"), cfg.section("run"))).groups
 
 
 def _hand(path: str, groups, *, shift: bool, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:

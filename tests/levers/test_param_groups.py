@@ -53,7 +53,7 @@ def test_toy_model_steps_like_plain_adamw_with_hand_made_groups():
     ref = copy.deepcopy(ours)  # deepcopy keeps the tie
     wd, lr = 0.5, 0.05  # a large decay, so a wrongly decayed bias or embedding moves visibly
     cfg = RunConfig(weight_decay=wd, lr=lr)
-    opt = make_optimizer(cfg, [p for p in ours.parameters() if p.requires_grad], model=ours)
+    opt = make_optimizer(cfg.section("schedule"), [p for p in ours.parameters() if p.requires_grad], model=ours)
     _train(ours, opt)
     _train(ref, torch.optim.AdamW(_hand_groups(ref, wd), lr=lr))
     ref_sd = ref.state_dict()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainfit.config import RunConfig
+from trainfit.config import DistributionSection, RunConfig
 from trainfit.errors import ConfigError, check_int
 from trainfit.front.request import config_of
 from trainfit.meters.devices import device_row
@@ -50,7 +50,7 @@ def estimate_memory(config: RunConfig | None = None, *, devices: int = 1, nodes:
     cfg, budget_bytes = _request(config, fields, budget)
     world = _ranks(devices, nodes)
     device_row(device)  # an unknown device is refused before any work
-    step = _estimator(cfg, world, device)
+    step = _estimator(cfg.section("distribution"), world, device)
     return _with_scaling(cfg, step, ESTIMATE, budget_bytes, joined=None)
 
 
@@ -79,7 +79,7 @@ def compare_checkpointing(config: RunConfig | None = None, *, specs: str, method
     cfg, _ = _request(config, fields, None)
     if method == ESTIMATE:
         device_row(device)
-        step = _estimator(cfg, _ranks(devices, nodes), device)
+        step = _estimator(cfg.section("distribution"), _ranks(devices, nodes), device)
     else:
         step = measure_step
     policies = [parse_checkpoint_policy(p) for p in _split_specs(specs)]  # every spec checked before any work
@@ -107,9 +107,9 @@ def _ranks(devices: int, nodes: int) -> int:
     return devices * nodes
 
 
-def _estimator(cfg: RunConfig, world: int, device: str) -> Callable[..., MemoryReport]:
+def _estimator(dist: DistributionSection, world: int, device: str) -> Callable[..., MemoryReport]:
     def step(c: RunConfig, batch: Any = None) -> MemoryReport:
-        return estimate_step(c, batch=batch, world_size=world, strategy=cfg.strategy, target=device)
+        return estimate_step(c, batch=batch, world_size=world, strategy=dist.strategy, target=device)
     return step
 
 

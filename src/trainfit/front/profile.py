@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainfit.config import RunConfig
+from trainfit.config import DistributionSection, RunConfig
 from trainfit.errors import ConfigError, check_int
 from trainfit.front.request import config_of
 from trainfit.outputs import check_output_dir
@@ -53,7 +53,7 @@ def profile(config: RunConfig | None = None, *, steps: int | None = None, warmup
     cfg = config_of(config, fields)
     options = profile_options(steps=steps, warmup=warmup, batch_probe=batch_probe, precision_probe=precision_probe,
                               overlap=overlap, bandwidth=bandwidth, trace=trace, force=force)
-    strategy = _strategy(cfg, device)
+    strategy = _strategy(cfg.section("distribution"), device)
     launch.join_if_launched(timeout_s=cfg.collective_timeout_s)  # torchrun: every rank profiles
     try:
         return profile_run(build_run(cfg, strategy=strategy), options)
@@ -91,7 +91,7 @@ def parse_bandwidth(value: str | float | None) -> float | None:
     return float(parse_bytes("--bandwidth", t[:-2]))
 
 
-def _strategy(cfg: RunConfig, device: str | None):
+def _strategy(dist: DistributionSection, device: str | None):
     """``device="cuda"``: strategy single on the GPU (refused without one, or for a distributed strategy)."""
     if device in (None, "cpu"):
         return None
@@ -99,7 +99,7 @@ def _strategy(cfg: RunConfig, device: str | None):
         raise ConfigError("--device", device, ("cpu", "cuda"))
     if not torch.cuda.is_available():
         raise ConfigError("--device", "cuda", "cpu (no CUDA device is visible)")
-    if strategy_facts(cfg.strategy).distributed:
+    if strategy_facts(dist.strategy).distributed:
         raise ConfigError("--device", "cuda", f"only with strategy={StrategyName.SINGLE} (distributed runs pick "
                           "their device)")
     return Single("cuda")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trainfit.config import RunConfig, make_config
+from trainfit.config import DataSection, DistributionSection, LeversSection, RunConfig, make_config
 from trainfit.errors import ConfigError
 from trainfit.tasks.corpus import find_sources
 from trainfit.tasks.prepared import is_prepared
@@ -28,26 +28,26 @@ def config_of(config: RunConfig | None, fields: dict[str, Any]) -> RunConfig:
         raise ConfigError("config", type(config).__name__, "a trainfit.config.RunConfig or None")
     cfg = make_config(dict(fields), base=config)
     given = set(fields)
-    refuse_overridden(cfg, given=given)
+    refuse_overridden(cfg.section("distribution"), cfg.section("levers"), given=given)
     refuse_unused(cfg, given=given)
     return cfg
 
 
-def refuse_overridden(cfg: RunConfig, *, given: set[str]) -> None:
+def refuse_overridden(dist: DistributionSection, levers: LeversSection, *, given: set[str]) -> None:
     """An explicit ``accumulation`` that ``global_batch`` or ``micro_batch="auto"`` would change is refused,
     not silently replaced."""
     if "accumulation" not in given:
         return
-    if cfg.micro_batch == "auto":
-        raise ConfigError("accumulation", cfg.accumulation, "no --accumulation with --micro-batch auto",
+    if levers.micro_batch == "auto":
+        raise ConfigError("accumulation", levers.accumulation, "no --accumulation with --micro-batch auto",
                           "auto-fit chooses the split of --global-batch itself")
-    if cfg.global_batch:
-        world = int(os.environ.get("WORLD_SIZE") or cfg.devices)
-        if cfg.micro_batch * cfg.accumulation * world != cfg.global_batch:
-            derived = cfg.global_batch / (cfg.micro_batch * world)
+    if dist.global_batch:
+        world = int(os.environ.get("WORLD_SIZE") or dist.devices)
+        if levers.micro_batch * levers.accumulation * world != dist.global_batch:
+            derived = dist.global_batch / (levers.micro_batch * world)
             raise ConfigError(
-                "accumulation", cfg.accumulation,
-                f"global_batch / (micro_batch x ranks) = {cfg.global_batch} / ({cfg.micro_batch} x {world}) = "
+                "accumulation", levers.accumulation,
+                f"global_batch / (micro_batch x ranks) = {dist.global_batch} / ({levers.micro_batch} x {world}) = "
                 f"{derived:g}", "give --global-batch or --accumulation, not two that disagree")
 
 
@@ -60,15 +60,15 @@ def refuse_unused(cfg: RunConfig, *, given: set[str]) -> None:
             raise ConfigError(key, getattr(cfg, key), "a setting of --compile on",
                               "torch.compile is off, so it would be ignored: add --compile on, or drop it")
     if "text_field" in given or cfg.text_field != default.text_field:
-        why = _no_fields(cfg)
+        why = _no_fields(cfg.section("data"))
         if why:
             raise ConfigError("text_field", cfg.text_field, "a setting of JSON Lines, Parquet or CSV data",
                               f"{why}, so it would be ignored: drop it")
 
 
-def _no_fields(cfg: RunConfig) -> str:
+def _no_fields(data: DataSection) -> str:
     """Why ``--text-field`` applies to none of the run's data ("" when some source has fields)."""
-    named = {f: p for f, p in (("data", cfg.data), ("val_data", cfg.val_data)) if p}
+    named = {f: p for f, p in (("data", data.data), ("val_data", data.val_data)) if p}
     if not named:
         return "no --data is given (the generated data has no fields)"
     for field, p in named.items():

@@ -23,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 import trainfit.logs as logs
 from trainfit.checkpoint import list_checkpoints
-from trainfit.config import RunConfig, dump_toml
+from trainfit.config import DistributionSection, RunConfig, ScheduleSection, dump_toml
 from trainfit.errors import CheckpointError, ConfigError, TrainfitError, check_int
 from trainfit.export import init_weights
 from trainfit.front.request import config_of
@@ -82,7 +82,7 @@ def train(config: RunConfig | None = None, *, resume: bool | str = False, nodes:
     where = Nodes(nodes=nodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
     check_int("max_restarts", max_restarts, minimum=0)
     resume, fresh = resolve_resume(resume, cfg.run_dir)
-    check_job(cfg)
+    check_job(cfg.section("schedule"))
     env = launch.torchrun_env()
     if env is None and cfg.devices * where.nodes > 1:
         if not strategy_facts(cfg.strategy).distributed:  # refuse before starting N processes that would each refuse
@@ -98,10 +98,10 @@ def train(config: RunConfig | None = None, *, resume: bool | str = False, nodes:
     return train_here(cfg, resume=resume, progress=progress)
 
 
-def check_job(cfg: RunConfig) -> None:
+def check_job(schedule: ScheduleSection) -> None:
     """What the command refuses of a configuration beyond RunConfig's own checks."""
-    if cfg.warmup_steps > cfg.steps:
-        raise ConfigError("warmup_steps", cfg.warmup_steps, f"an integer <= steps={cfg.steps}",
+    if schedule.warmup_steps > schedule.steps:
+        raise ConfigError("warmup_steps", schedule.warmup_steps, f"an integer <= steps={schedule.steps}",
                           "the learning rate would never reach --lr: shorten the warm-up or raise --steps")
 
 
@@ -198,11 +198,11 @@ def launch_workers(cfg: RunConfig, where: Nodes, *, resume: bool, max_restarts: 
             launch.launch(cfg.devices, child, max_restarts=max_restarts, refusals=refusals, nnodes=where.nodes,
                           node_rank=where.node_rank, master_addr=where.master_addr, master_port=where.master_port)
         except ChildFailedError as e:
-            _failed(e, cfg, run_dir, created=created, refusals=refusals)
+            _failed(e, cfg.section("distribution"), run_dir, created=created, refusals=refusals)
         return TrainSummary.from_dict(json.loads(summary.read_text())) if summary.is_file() else None
 
 
-def _failed(e: ChildFailedError, cfg: RunConfig, run_dir: Path, *, created: bool, refusals: Path) -> None:
+def _failed(e: ChildFailedError, dist: DistributionSection, run_dir: Path, *, created: bool, refusals: Path) -> None:
     rank, failure = e.get_first_failure()
     if created:
         remove_if_unstarted(run_dir)  # a launch refused by its workers leaves nothing behind
@@ -210,7 +210,7 @@ def _failed(e: ChildFailedError, cfg: RunConfig, run_dir: Path, *, created: bool
     if refused:  # a worker refused the job (after this process's checks): its one line, once
         raise TrainfitError(refused) from None
     kept = f"; checkpoints in {run_dir / 'checkpoints'}" if has_checkpoints(run_dir) else ""
-    raise TrainfitError(f"train --devices {cfg.devices}: worker rank {rank} failed with exit code "
+    raise TrainfitError(f"train --devices {dist.devices}: worker rank {rank} failed with exit code "
                         f"{failure.exitcode} (its error is printed above){kept}") from None
 
 

@@ -29,7 +29,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 
-from trainfit.config import RunConfig
+from trainfit.config import DistributionSection, LeversSection, RunConfig, ScheduleSection
 from trainfit.errors import ConfigError
 from trainfit.outputs import check_output_file
 from trainfit.vocabulary import (
@@ -155,7 +155,7 @@ def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False)
     """
     if tool not in TOOLS:
         raise ConfigError("write-for", tool, TOOLS)
-    runnable_strategies(tool, (cfg.strategy,), cpu=cpu, devices=_total_devices(cfg, nodes))
+    runnable_strategies(tool, (cfg.strategy,), cpu=cpu, devices=_total_devices(cfg.section("distribution"), nodes))
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "a plan row has a fixed micro-batch")
     writer = {"hf-trainer": _hf_trainer, "accelerate": _accelerate, "lightning": _lightning}[tool]
@@ -163,14 +163,14 @@ def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False)
 
 
 # -- shared facts --------------------------------------------------------------------------------------------
-def _precision_gaps(cfg: RunConfig, tool: str, setting: str) -> tuple[PrecisionName, list[Gap]]:
+def _precision_gaps(levers: LeversSection, tool: str, setting: str) -> tuple[PrecisionName, list[Gap]]:
     """The autocast precision the tool runs: a master-copy precision becomes its mixed counterpart."""
-    p = precision_facts(cfg.precision)
+    p = precision_facts(levers.precision)
     if not p.master_copy:
-        return cfg.precision, []
-    mixed = mixed_counterpart(cfg.precision)
+        return levers.precision, []
+    mixed = mixed_counterpart(levers.precision)
     return mixed, [Gap(lever="precision", trainfit=f"keeps {p.weights} weights and an fp32 master copy the "
-                                                   f"optimizer updates ({cfg.precision})",
+                                                   f"optimizer updates ({levers.precision})",
                        instead=f"{setting}: {tool} has no master-copy mode, so fp32 weights and gradients with "
                                f"{p.compute} autocast ({mixed}); the same bytes per parameter (4+4 vs 2+2+4), "
                                f"the update in fp32 either way")]
@@ -190,17 +190,17 @@ def _token_gap(instead: str) -> Gap:
                instead=instead)
 
 
-def _windowed(cfg: RunConfig, nodes: int) -> bool:
+def _windowed(levers: LeversSection, dist: DistributionSection, nodes: int) -> bool:
     """More than one micro-batch per optimizer step (over all ranks): where loss weighting can differ."""
-    return cfg.accumulation * _total_devices(cfg, nodes) > 1
+    return levers.accumulation * _total_devices(dist, nodes) > 1
 
 
-def _ckpt_name(cfg: RunConfig) -> str:
-    return cfg.checkpointing.spec
+def _ckpt_name(levers: LeversSection) -> str:
+    return levers.checkpointing.spec
 
 
-def _total_devices(cfg: RunConfig, nodes: int) -> int:
-    return cfg.devices * nodes if strategy_facts(cfg.strategy).distributed else 1
+def _total_devices(dist: DistributionSection, nodes: int) -> int:
+    return dist.devices * nodes if strategy_facts(dist.strategy).distributed else 1
 
 
 # -- Hugging Face Trainer ------------------------------------------------------------------------------------
@@ -208,39 +208,68 @@ HF_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAM: "adamw_torch", Optim
 
 
 def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
+    lev, dist, sched = cfg.section("levers"), cfg.section("distribution"), cfg.section("schedule")
     gaps: list[Gap] = []
-    precision, more = _precision_gaps(cfg, "hf-trainer", "bf16/fp16=True")
+    precision, more = _precision_gaps(lev, "hf-trainer", "bf16/fp16=True")
     gaps += more
-    s = strategy_facts(cfg.strategy)
+    s = strategy_facts(dist.strategy)
     # Only the levers the plan chose: the user's own hyperparameters (lr, steps, schedule, seed, clipping,
     # optimizer) stay theirs -- TrainingArguments(**file) must not replace them.
     args: dict = {
-        "per_device_train_batch_size": cfg.micro_batch,
-        "gradient_accumulation_steps": cfg.accumulation,
+        "per_device_train_batch_size": lev.micro_batch,
+        "gradient_accumulation_steps": lev.accumulation,
         "bf16": precision_facts(precision).autocast == Dtype.BF16,
         "fp16": precision_facts(precision).autocast == Dtype.FP16,
         "average_tokens_across_devices": True,
     }
     if cpu:
         args["use_cpu"] = True
-    if cfg.optimizer != Optimizer.ADAMW:
-        gaps.append(_optimizer_gap(cfg, "optim=" + HF_OPTIM[cfg.optimizer]))
+    if sched.optimizer != Optimizer.ADAMW:
+        gaps.append(_optimizer_gap(sched, "optim=" + HF_OPTIM[sched.optimizer]))
     # Accumulation: the Trainer counts the window's loss tokens (num_items_in_batch, summed over ranks with
     # average_tokens_across_devices) and hands the count to a model whose forward takes it.
-    if _windowed(cfg, nodes):
+    if _windowed(lev, dist, nodes):
         gaps.append(_token_gap("the Trainer counts the window's tokens too (num_items_in_batch, "
                                "average_tokens_across_devices=True) and passes them to a model whose forward takes "
                                "**kwargs; how exact that is depends on the model's loss (trainfit verify --framework "
                                "hf-trainer measures it); a per-micro-batch mean loss gets a mean of means"))
-    ckpt = cfg.checkpointing
     fsdp_config: dict | None = None
     if s.fsdp:
         fsdp_config = {"version": 2, "reshard_after_forward": s.reshard_after_forward}
         if precision_facts(precision).autocast is not None:
-            gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {cfg.strategy} "
+            gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {dist.strategy} "
                                                         "(MixedPrecisionPolicy reduce_dtype=float32)",
                             instead=f"Accelerate's FSDP2 policy from bf16/fp16=True reduces in "
                                     f"{precision_facts(precision).compute}"))
+    gaps += _hf_checkpointing(lev, args, fsdp_config)
+    if fsdp_config is not None:
+        args["fsdp"] = True
+        args["fsdp_config"] = fsdp_config
+        if _fsdp_cpu_offload(lev):
+            fsdp_config["cpu_offload"] = True  # FSDP2's CPUOffloadPolicy: sharded params, grads and the step
+        if dist.grad_sync == GradSync.PER_MICRO_BATCH:
+            args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    if s.shards_optimizer_by_parameter:
+        gaps.append(_zero1_gap(dist.strategy, "the Trainer has no ZeRO-1 outside DeepSpeed: launched with torchrun "
+                                              "it runs DDP with the optimizer state replicated"))
+    if s.distributed:
+        args["ddp_backend"] = "gloo" if cpu else "nccl"
+        gaps.append(Gap(lever="devices", trainfit=f"launches {dist.devices} processes per node x {nodes} node(s)",
+                        instead=f"not a TrainingArguments field: launch the script with torchrun "
+                                f"--nproc_per_node={dist.devices} --nnodes={nodes}"))
+    gaps += _offload_gaps(dist, lev, "fsdp_config cpu_offload")
+    if lev.compile:
+        args["torch_compile"] = True
+        gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
+    text = json.dumps(args, indent=2) + "\n"
+    return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+
+
+def _hf_checkpointing(levers: LeversSection, args: dict, fsdp_config: dict | None) -> list[Gap]:
+    """Activation checkpointing as TrainingArguments (``args``), or FSDP's own in ``fsdp_config`` under FSDP2
+    (both filled in here); the gaps of what the Trainer checkpoints otherwise."""
+    ckpt = levers.checkpointing
+    gaps: list[Gap] = []
     if isinstance(ckpt, NoCheckpointing):
         args["activation_checkpointing"] = False
     elif isinstance(ckpt, EveryBlock) and fsdp_config is not None:
@@ -255,48 +284,28 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
                                         "warns it adds an all-gather in backward"))
     else:  # class:Name
         args["activation_checkpointing"] = True
-        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints the modules of {_ckpt_name(cfg)}",
+        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints the modules of {_ckpt_name(levers)}",
                         instead="activation_checkpointing=True checkpoints every decoder layer the model marks "
                                 "(GradientCheckpointingLayer), whatever its class"))
-    if fsdp_config is not None:
-        args["fsdp"] = True
-        args["fsdp_config"] = fsdp_config
-        if _fsdp_cpu_offload(cfg):
-            fsdp_config["cpu_offload"] = True  # FSDP2's CPUOffloadPolicy: sharded params, grads and the step
-        if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
-            args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
-    if s.shards_optimizer_by_parameter:
-        gaps.append(_zero1_gap(cfg.strategy, "the Trainer has no ZeRO-1 outside DeepSpeed: launched with torchrun "
-                                             "it runs DDP with the optimizer state replicated"))
-    if s.distributed:
-        args["ddp_backend"] = "gloo" if cpu else "nccl"
-        gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes per node x {nodes} node(s)",
-                        instead=f"not a TrainingArguments field: launch the script with torchrun "
-                                f"--nproc_per_node={cfg.devices} --nnodes={nodes}"))
-    gaps += _offload_gaps(cfg, "fsdp_config cpu_offload")
-    if cfg.compile:
-        args["torch_compile"] = True
-        gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
-    text = json.dumps(args, indent=2) + "\n"
-    return ToolConfig(tool="hf-trainer", text=text, values=args, gaps=tuple(gaps), script={})
+    return gaps
 
 
-def _optimizer_gap(cfg: RunConfig, setting: str) -> Gap:
-    return Gap(lever="optimizer", trainfit=f"priced the optimizer state of {cfg.optimizer}",
+def _optimizer_gap(schedule: ScheduleSection, setting: str) -> Gap:
+    return Gap(lever="optimizer", trainfit=f"priced the optimizer state of {schedule.optimizer}",
                instead=f"the file leaves the optimizer to the script (the tool's default may hold another state): "
                        f"{setting}")
 
 
-def _fsdp_cpu_offload(cfg: RunConfig) -> bool:
+def _fsdp_cpu_offload(levers: LeversSection) -> bool:
     """The optimizer offloaded: under zero2/zero3 FSDP2's CPUOffloadPolicy, which each tool's FSDP switch sets."""
-    return OffloadPart.OPTIMIZER in parse_offload(cfg.offload)
+    return OffloadPart.OPTIMIZER in parse_offload(levers.offload)
 
 
-def _offload_gaps(cfg: RunConfig, fsdp_setting: str) -> list[Gap]:
-    """What of ``cfg.offload`` a tool cannot express (FSDP's own offload it takes: ``fsdp_setting``)."""
-    parts = parse_offload(cfg.offload)
+def _offload_gaps(dist: DistributionSection, levers: LeversSection, fsdp_setting: str) -> list[Gap]:
+    """What of ``levers.offload`` a tool cannot express (FSDP's own offload it takes: ``fsdp_setting``)."""
+    parts = parse_offload(levers.offload)
     gaps = []
-    if OffloadPart.OPTIMIZER in parts and not strategy_facts(cfg.strategy).fsdp:
+    if OffloadPart.OPTIMIZER in parts and not strategy_facts(dist.strategy).fsdp:
         gaps.append(Gap(lever="offload", trainfit="keeps the fp32 master, gradients' host copies and the optimizer "
                                                   "state in host memory and steps the optimizer there (single/ddp)",
                         instead="no optimizer-only offload outside DeepSpeed ZeRO-Offload: the optimizer state stays "
@@ -320,15 +329,71 @@ def _compile_gap(instead: str) -> Gap:
 
 
 def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
+    lev, dist = cfg.section("levers"), cfg.section("distribution")
     gaps: list[Gap] = []
-    precision, more = _precision_gaps(cfg, "accelerate", "mixed_precision")
+    precision, more = _precision_gaps(lev, "accelerate", "mixed_precision")
     gaps += more
-    s = strategy_facts(cfg.strategy)
-    n = _total_devices(cfg, nodes)
+    s = strategy_facts(dist.strategy)
+    values = _accelerate_values(dist, precision, nodes=nodes, cpu=cpu)
+    script: dict = {"gradient_accumulation_steps": lev.accumulation}
+    ckpt = lev.checkpointing
+    if s.fsdp:
+        values["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": s.reshard_after_forward,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_offload_params": _fsdp_cpu_offload(lev),
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_activation_checkpointing": isinstance(ckpt, EveryBlock),
+        }
+        if precision_facts(precision).autocast is not None:
+            gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {dist.strategy} "
+                                                        "(MixedPrecisionPolicy reduce_dtype=float32)",
+                            instead=f"Accelerate's FSDP2 policy from mixed_precision reduces in "
+                                    f"{precision_facts(precision).compute}"))
+    if dist.grad_sync == GradSync.PER_MICRO_BATCH:
+        script["sync_each_batch"] = True
+    gaps.append(Gap(lever="micro_batch and accumulation",
+                    trainfit=f"runs micro-batches of {lev.micro_batch}, {lev.accumulation} per optimizer step",
+                    instead="accelerate's config file has no key for them (its loader refuses unknown keys): in "
+                            "the script, DataLoader(batch_size=" + str(lev.micro_batch) + ") and "
+                            + _accelerator_call(script) + " (written as comments in the file)"))
+    if _windowed(lev, dist, nodes):
+        gaps.append(_token_gap("accelerator.backward divides each micro-batch's loss by gradient_accumulation_steps: "
+                               "a mean of means unless the loss is the micro-batch's sum over the window's token "
+                               "count (gathered across ranks) times gradient_accumulation_steps x num_processes"))
+    if not isinstance(ckpt, NoCheckpointing) and not (s.fsdp and isinstance(ckpt, EveryBlock)):
+        where = "fsdp_activation_checkpointing checkpoints every wrapped layer, so it is off" if s.fsdp else \
+            "the config file holds activation checkpointing only under FSDP"
+        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(lev)}",
+                        instead=where + "; enable it in the script (a transformers model: "
+                                + _hf_enable_call(ckpt) + ")"))
+    if s.shards_optimizer_by_parameter:
+        gaps.append(_zero1_gap(dist.strategy, "accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is "
+                                              "DDP with the optimizer state replicated (or wrap the optimizer in "
+                                              "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
+    gaps += _offload_gaps(dist, lev, "fsdp_offload_params")
+    if lev.compile:
+        values["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
+        gaps.append(_compile_gap("dynamo_config (backend INDUCTOR) makes accelerator.prepare compile the whole model"))
+    if s.distributed and nodes > 1:
+        gaps.append(Gap(lever="devices", trainfit=f"launches {dist.devices} processes on each of {nodes} nodes",
+                        instead="machine_rank is written as 0 and main_process_ip is not written: set both in each "
+                                "node's copy (or pass --machine_rank / --main_process_ip to accelerate launch)"))
+    lines = ["# accelerate launch --config_file THIS_FILE train.py  (written by trainfit plan --write-for accelerate)",
+             f"# in the script: DataLoader(batch_size={lev.micro_batch}); {_accelerator_call(script)}"]
+    text = "\n".join(lines) + "\n" + _yaml(values)
+    return ToolConfig(tool="accelerate", text=text, values=values, gaps=tuple(gaps), script=script)
+
+
+def _accelerate_values(dist: DistributionSection, precision: PrecisionName, *, nodes: int, cpu: bool) -> dict:
+    """The ``ClusterConfig`` keys every accelerate file holds: where and how many processes run, the precision."""
+    s = strategy_facts(dist.strategy)
     kind = s.accelerate_distributed_type
     if cpu and kind == "MULTI_GPU":
         kind = "MULTI_CPU"
-    values: dict = {
+    return {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
         "distributed_type": kind,
@@ -337,61 +402,11 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         "main_training_function": "main",
         "mixed_precision": precision_facts(precision).accelerate,
         "num_machines": nodes if s.distributed else 1,
-        "num_processes": n,
+        "num_processes": _total_devices(dist, nodes),
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": cpu,
     }
-    script: dict = {"gradient_accumulation_steps": cfg.accumulation}
-    ckpt = cfg.checkpointing
-    if s.fsdp:
-        values["fsdp_config"] = {
-            "fsdp_version": 2,
-            "fsdp_reshard_after_forward": s.reshard_after_forward,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_offload_params": _fsdp_cpu_offload(cfg),
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-            "fsdp_cpu_ram_efficient_loading": False,
-            "fsdp_activation_checkpointing": isinstance(ckpt, EveryBlock),
-        }
-        if precision_facts(precision).autocast is not None:
-            gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {cfg.strategy} "
-                                                        "(MixedPrecisionPolicy reduce_dtype=float32)",
-                            instead=f"Accelerate's FSDP2 policy from mixed_precision reduces in "
-                                    f"{precision_facts(precision).compute}"))
-    if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
-        script["sync_each_batch"] = True
-    gaps.append(Gap(lever="micro_batch and accumulation",
-                    trainfit=f"runs micro-batches of {cfg.micro_batch}, {cfg.accumulation} per optimizer step",
-                    instead="accelerate's config file has no key for them (its loader refuses unknown keys): in "
-                            "the script, DataLoader(batch_size=" + str(cfg.micro_batch) + ") and "
-                            + _accelerator_call(script) + " (written as comments in the file)"))
-    if _windowed(cfg, nodes):
-        gaps.append(_token_gap("accelerator.backward divides each micro-batch's loss by gradient_accumulation_steps: "
-                               "a mean of means unless the loss is the micro-batch's sum over the window's token "
-                               "count (gathered across ranks) times gradient_accumulation_steps x num_processes"))
-    if not isinstance(ckpt, NoCheckpointing) and not (s.fsdp and isinstance(ckpt, EveryBlock)):
-        where = "fsdp_activation_checkpointing checkpoints every wrapped layer, so it is off" if s.fsdp else \
-            "the config file holds activation checkpointing only under FSDP"
-        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(cfg)}",
-                        instead=where + "; enable it in the script (a transformers model: "
-                                + _hf_enable_call(ckpt) + ")"))
-    if s.shards_optimizer_by_parameter:
-        gaps.append(_zero1_gap(cfg.strategy, "accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is DDP "
-                                             "with the optimizer state replicated (or wrap the optimizer in "
-                                             "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
-    gaps += _offload_gaps(cfg, "fsdp_offload_params")
-    if cfg.compile:
-        values["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
-        gaps.append(_compile_gap("dynamo_config (backend INDUCTOR) makes accelerator.prepare compile the whole model"))
-    if s.distributed and nodes > 1:
-        gaps.append(Gap(lever="devices", trainfit=f"launches {cfg.devices} processes on each of {nodes} nodes",
-                        instead="machine_rank is written as 0 and main_process_ip is not written: set both in each "
-                                "node's copy (or pass --machine_rank / --main_process_ip to accelerate launch)"))
-    lines = ["# accelerate launch --config_file THIS_FILE train.py  (written by trainfit plan --write-for accelerate)",
-             f"# in the script: DataLoader(batch_size={cfg.micro_batch}); {_accelerator_call(script)}"]
-    text = "\n".join(lines) + "\n" + _yaml(values)
-    return ToolConfig(tool="accelerate", text=text, values=values, gaps=tuple(gaps), script=script)
 
 
 def _accelerator_call(script: dict) -> str:
@@ -421,49 +436,50 @@ def _yaml(values: dict) -> str:
 
 
 def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
+    lev, dist = cfg.section("levers"), cfg.section("distribution")
     gaps: list[Gap] = []
-    precision, more = _precision_gaps(cfg, "lightning", 'precision="' + "bf16-mixed/16-mixed" + '"')
+    precision, more = _precision_gaps(lev, "lightning", 'precision="' + "bf16-mixed/16-mixed" + '"')
     gaps += more
-    if precision_facts(cfg.precision).master_copy:
+    if precision_facts(lev.precision).master_copy:
         gaps[-1] = Gap(lever=gaps[-1].lever, trainfit=gaps[-1].trainfit,
                        instead=f'precision="{precision_facts(precision).lightning}": Lightning\'s '
-                               f'"{precision_facts(cfg.precision).lightning}" has no fp32 '
+                               f'"{precision_facts(lev.precision).lightning}" has no fp32 '
                                f"master copy (the optimizer would update half weights), so fp32 weights with "
                                f"autocast; the same bytes per parameter (4+4 vs 2+2+4)")
-    s = strategy_facts(cfg.strategy)
+    s = strategy_facts(dist.strategy)
     strategy = s.lightning_strategy
-    devices = cfg.devices if s.distributed else 1
+    devices = dist.devices if s.distributed else 1
     common = {"accelerator": "cpu" if cpu else "gpu", "devices": devices, "num_nodes": nodes if s.distributed else 1,
               "precision": precision_facts(precision).lightning, "strategy": strategy}
-    trainer = {**common, "accumulate_grad_batches": cfg.accumulation}  # max_steps, clipping: the user's own
-    values: dict = {"trainer": trainer, "fabric": dict(common), "batch_size": cfg.micro_batch}
+    trainer = {**common, "accumulate_grad_batches": lev.accumulation}  # max_steps, clipping: the user's own
+    values: dict = {"trainer": trainer, "fabric": dict(common), "batch_size": lev.micro_batch}
     if s.fsdp:
         values["fsdp_strategy"] = {"sharding_strategy": s.fsdp_sharding_strategy,
                                    "state_dict_type": "sharded"}
-        if _fsdp_cpu_offload(cfg):
+        if _fsdp_cpu_offload(lev):
             values["fsdp_strategy"]["cpu_offload"] = True
-        gaps.append(Gap(lever="strategy", trainfit=f"runs {cfg.strategy} on FSDP2 (fully_shard)",
+        gaps.append(Gap(lever="strategy", trainfit=f"runs {dist.strategy} on FSDP2 (fully_shard)",
                         instead=f"Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel) with "
                                 f"sharding_strategy={values['fsdp_strategy']['sharding_strategy']}: the same "
                                 f"ZeRO stage; pass strategy=FSDPStrategy(**fsdp_strategy)"))
-        if cfg.grad_sync == GradSync.PER_MICRO_BATCH:
+        if dist.grad_sync == GradSync.PER_MICRO_BATCH:
             gaps.append(Gap(lever="grad_sync", trainfit="reduce-scatters gradients after every micro-batch",
                             instead="Lightning has no setting for it; its strategy's own accumulation applies"))
     if s.shards_optimizer_by_parameter:
-        gaps.append(_zero1_gap(cfg.strategy, 'strategy="ddp" replicates the optimizer state (or return '
+        gaps.append(_zero1_gap(dist.strategy, 'strategy="ddp" replicates the optimizer state (or return '
                                "torch.distributed.optim.ZeroRedundancyOptimizer from configure_optimizers)"))
-    ckpt = cfg.checkpointing
+    ckpt = lev.checkpointing
     if not isinstance(ckpt, NoCheckpointing):
         fsdp_hint = "; under fsdp, FSDPStrategy(activation_checkpointing_policy={YourBlock})" if s.fsdp else ""
-        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(cfg)}",
+        gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(lev)}",
                         instead="Trainer and Fabric take no activation-checkpointing argument: enable it in the "
                                 "model (a transformers model: " + _hf_enable_call(ckpt) + ")" + fsdp_hint))
-    if _windowed(cfg, nodes):
+    if _windowed(lev, dist, nodes):
         gaps.append(_token_gap("Lightning divides each training_step loss by accumulate_grad_batches: a mean of means "
                                "unless training_step returns the micro-batch's sum over the window's token count "
                                "times accumulate_grad_batches"))
-    gaps += _offload_gaps(cfg, "FSDPStrategy(cpu_offload=True)")
-    if cfg.compile:
+    gaps += _offload_gaps(dist, lev, "FSDPStrategy(cpu_offload=True)")
+    if lev.compile:
         gaps.append(_compile_gap("Trainer and Fabric take no compile argument: call torch.compile on the model (or "
                                  "on each block) in the script"))
     text = json.dumps(values, indent=2) + "\n"

@@ -42,13 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainfit.config import RunConfig
+from trainfit.config import LeversSection, RunConfig
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.integrations.hf_window import (HEADS, HFRows, hf_rows, import_spec, load_hf_model, replaced,
-                                             training_arguments)
+from trainfit.integrations.hf_window import HEADS, HFRows, hf_model, hf_rows, import_spec, replaced, training_arguments
 from trainfit.probes.verify import cosine, flat, mean_of_means_grads, reference_grads, rel_error
-from trainfit.progress import logger, say as progress_say
+from trainfit.progress import logger
+from trainfit.progress import say as progress_say
 from trainfit.run import task_of
 from trainfit.vocabulary import Dtype, Tolerance, precision_facts
 
@@ -347,11 +347,6 @@ def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_a
     out = Captured()
     seen: list[Any] = []
     counted: list[Any] = []
-
-    class Capture(tf.TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            out.grads = _grads(model)
-
     original_forward = model.forward
 
     def observed_forward(*args, **kwargs):  # records what the Trainer passes the model's loss
@@ -361,48 +356,66 @@ def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_a
     with tempfile.TemporaryDirectory() as tmp:
         args = training_arguments(tf, {"learning_rate": lr, **(user_args or {})}, output_dir=tmp,
                                   micro_batch=micro_batch, accumulation=accumulation, seed=seed)
-        trainer = cls(model=model, args=args, train_dataset=rows.rows, data_collator=rows.collate,
-                      callbacks=[Capture()])
-        trainer.remove_callback(tf.PrinterCallback)  # its end-of-training dict is the Trainer's, not the check's
-        out.accepts_loss_kwargs = bool(getattr(trainer, "model_accepts_loss_kwargs", False))
-        original_compute_loss = trainer.compute_loss
-
-        def observed_compute_loss(model_, inputs, *args_, num_items_in_batch=None, **kwargs):  # what it counted
-            counted.append(num_items_in_batch)
-            return original_compute_loss(model_, inputs, *args_, num_items_in_batch=num_items_in_batch, **kwargs)
-
-        trainer.compute_loss = observed_compute_loss
+        trainer = _observed_trainer(tf, cls, model, args, rows, out, counted)
         model.forward = observed_forward
         try:
             trainer.train()
         finally:
             model.forward = original_forward
     items = [int(x) if x is not None else None for x in seen]
-    name, k = type(model).__name__, accumulation
     out.counted = int(counted[0]) if counted and counted[0] is not None else None
     out.custom_loss = cls.compute_loss is not tf.Trainer.compute_loss
     out.trainer_name = cls.__name__
     if items and all(x is not None for x in items):
         out.num_items = items[0]
+    out.path = _trainer_path(tf, cls, trainer, out, rows, items, type(model).__name__, micro_batch, accumulation)
+    return out
+
+
+def _observed_trainer(tf, cls: type, model: nn.Module, args: Any, rows: HFRows, out: Captured,
+                      counted: list[Any]) -> Any:
+    """``cls`` over ``rows`` with the gradient captured into ``out.grads`` before its optimizer step, whether the
+    model accepts loss kwargs in ``out``, and each ``num_items_in_batch`` its ``compute_loss`` is given appended to
+    ``counted``; its printer callback removed."""
+    class Capture(tf.TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            out.grads = _grads(model)
+
+    trainer = cls(model=model, args=args, train_dataset=rows.rows, data_collator=rows.collate,
+                  callbacks=[Capture()])
+    trainer.remove_callback(tf.PrinterCallback)  # its end-of-training dict is the Trainer's, not the check's
+    out.accepts_loss_kwargs = bool(getattr(trainer, "model_accepts_loss_kwargs", False))
+    original_compute_loss = trainer.compute_loss
+
+    def observed_compute_loss(model_, inputs, *args_, num_items_in_batch=None, **kwargs):  # what it counted
+        counted.append(num_items_in_batch)
+        return original_compute_loss(model_, inputs, *args_, num_items_in_batch=num_items_in_batch, **kwargs)
+
+    trainer.compute_loss = observed_compute_loss
+    return trainer
+
+
+def _trainer_path(tf, cls: type, trainer: Any, out: Captured, rows: HFRows, items: list[int | None], name: str,
+                  micro_batch: int, k: int) -> str:
+    """What the Trainer did with the loss at ``micro_batch`` x ``k``: the user's compute_loss and whether it was
+    divided by the accumulation, or whether ``num_items_in_batch`` reached the model ``name``."""
     if out.custom_loss:
         scaled = getattr(trainer, "loss_is_scaled_for_ga", None)
         if scaled is None:
             scaled = (out.accepts_loss_kwargs and out.counted is not None) or trainer.compute_loss_func is not None
-        out.path = (f"transformers {tf.__version__} {cls.__name__}(Trainer) at {micro_batch} x {k}: its own "
-                    f"compute_loss, given num_items_in_batch={out.counted} (the window's prediction targets: "
-                    f"{sum(rows.counts)}); the Trainer " + ("did not divide its loss by gradient_accumulation_steps"
-                                                            if scaled else f"divided its loss by "
-                                                            f"gradient_accumulation_steps={k}"))
-    elif items and all(x is not None for x in items):
-        out.path = (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: passed num_items_in_batch="
-                    f"{items[0]} (the window's prediction targets: {sum(rows.counts)}) to {name} on each of "
-                    f"{len(items)} micro-batches and did not divide by gradient_accumulation_steps")
-    else:
-        why = ("its forward takes no **kwargs (model_accepts_loss_kwargs=False)" if not out.accepts_loss_kwargs
-               else "no labels were counted")
-        out.path = (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: did not pass num_items_in_batch "
-                    f"to {name} ({why}): each micro-batch's loss divided by gradient_accumulation_steps={k}")
-    return out
+        return (f"transformers {tf.__version__} {cls.__name__}(Trainer) at {micro_batch} x {k}: its own "
+                f"compute_loss, given num_items_in_batch={out.counted} (the window's prediction targets: "
+                f"{sum(rows.counts)}); the Trainer " + ("did not divide its loss by gradient_accumulation_steps"
+                                                        if scaled else f"divided its loss by "
+                                                        f"gradient_accumulation_steps={k}"))
+    if items and all(x is not None for x in items):
+        return (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: passed num_items_in_batch="
+                f"{items[0]} (the window's prediction targets: {sum(rows.counts)}) to {name} on each of "
+                f"{len(items)} micro-batches and did not divide by gradient_accumulation_steps")
+    why = ("its forward takes no **kwargs (model_accepts_loss_kwargs=False)" if not out.accepts_loss_kwargs
+           else "no labels were counted")
+    return (f"transformers {tf.__version__} Trainer at {micro_batch} x {k}: did not pass num_items_in_batch "
+            f"to {name} ({why}): each micro-batch's loss divided by gradient_accumulation_steps={k}")
 
 
 def loss_ignores_num_items(rows: HFRows) -> bool:
@@ -430,18 +443,20 @@ def uneven_window(cfg: RunConfig) -> Window:
     return Window(micro_batches=mbs, samples=groups, task=task, counts=[task.count(b) for b in mbs])
 
 
-def _check_args(cfg: RunConfig, framework: str, loss: str) -> None:
+def _check_args(levers: LeversSection, framework: str, loss: str) -> None:
+    """Refuse, in one line, a framework, loss or split the check cannot run (it needs a concrete fp32 split
+    with accumulation)."""
     if framework not in FRAMEWORKS:
         raise ConfigError("framework", framework, FRAMEWORKS)
     if loss not in LOSSES:
         raise ConfigError("framework_loss", loss, LOSSES)
-    if cfg.micro_batch == "auto":
+    if levers.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "verify checks one concrete split; pass --micro-batch N")
-    if precision_facts(cfg.precision).compute != Dtype.FP32:  # the fp32 row: what the reference computes in
-        raise ConfigError("precision", cfg.precision, "fp32 with --framework",
+    if precision_facts(levers.precision).compute != Dtype.FP32:  # the fp32 row: what the reference computes in
+        raise ConfigError("precision", levers.precision, "fp32 with --framework",
                           "--framework checks the tool's accumulation, in fp32; drop --precision")
-    if cfg.accumulation < 2:
-        raise ConfigError("accumulation", cfg.accumulation, "an integer >= 2 with --framework",
+    if levers.accumulation < 2:
+        raise ConfigError("accumulation", levers.accumulation, "an integer >= 2 with --framework",
                           "the check compares the tool with and without accumulation")
     if framework == "hf-trainer" and loss != "default":
         raise ConfigError("framework_loss", loss, "default with --framework hf-trainer",
@@ -469,7 +484,7 @@ def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
             the tool cannot train (hf-trainer needs an hf: model with a head of ``HEADS``).
         TrainfitError: the model does not build the same initial weights twice.
     """
-    _check_args(cfg, framework, loss)
+    _check_args(cfg.section("levers"), framework, loss)
     for key, value in (("collator", collator), ("trainer", trainer)):
         if value and framework != "hf-trainer":
             raise ConfigError(key, value, "a setting of --framework hf-trainer",
@@ -481,6 +496,13 @@ def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
     if framework == "hf-trainer":
         return _verify_trainer(cfg, tol, user_args=user_args, settings=settings, say=say, collator=collator,
                                trainer_cls=trainer_cls)
+    return _verify_loop(cfg, framework, loss, tol, settings=settings, say=say)
+
+
+def _verify_loop(cfg: RunConfig, framework: str, loss: str, tol: Tolerance, *, settings: tuple[str, ...],
+                 say: Callable[[str], None]) -> FrameworkVerifyReport:
+    """accelerate or lightning: trainfit's task in the tool's loop at K x M and at 1 x KM, against the token mean
+    and the mean of means computed here."""
     w = uneven_window(cfg)
     ref = w.build_model().float()
     init = [p.detach().clone() for p in ref.parameters()]
@@ -550,7 +572,7 @@ def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, A
                     trainer_cls: type | None = None) -> FrameworkVerifyReport:
     """hf-trainer: the user's model, data, collator, Trainer and TrainingArguments; the reference per row in
     plain PyTorch, from the logits of the rows the collator made."""
-    model = load_hf_model(cfg)
+    model = hf_model(cfg.section("model"), cfg.section("run"))
     say(f"verify --framework hf-trainer: reading the rows of {cfg.data or 'generated data'} for a "
         f"{HEADS[model.head]}" + (f", collated by {collator}" if collator else ""))
     rows = hf_rows(cfg, model, collator=collator)

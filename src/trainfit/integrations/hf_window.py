@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainfit.config import RunConfig
+from trainfit.config import DataSection, LeversSection, ModelSection, RunConfig, RunSection
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.run import task_of
@@ -89,28 +89,28 @@ class HFModel:
     head: str
 
 
-def load_hf_model(cfg: RunConfig) -> HFModel:
+def hf_model(model: ModelSection, run: RunSection) -> HFModel:
     """``hf:DIR`` or ``hf:<Class>``: the class and config, and a factory (same seed, same weights, dropout off).
 
     Raises:
         ConfigError: not an hf: model, an unreadable directory, a head not checked, a bad --model-config.
     """
-    import transformers as tf  # noqa: PLC0415 - the caller checked it is installed (an optional extra)
+    import transformers as tf
 
-    if not cfg.model.startswith("hf:"):
-        raise ConfigError("model", cfg.model, "hf:DIR or hf:<a transformers class> with --framework hf-trainer",
+    if not model.model.startswith("hf:"):
+        raise ConfigError("model", model.model, "hf:DIR or hf:<a transformers class> with --framework hf-trainer",
                           "the Trainer trains transformers models; check a module:callable model with "
                           "--framework accelerate or lightning")
-    spec = cfg.model.removeprefix("hf:")
+    spec = model.model.removeprefix("hf:")
     directory = pretrained_dir(spec)
     if directory is not None:
-        cls, config = _pretrained(tf, directory, cfg.model_config)
+        cls, config = _pretrained(tf, directory, model.model_config)
     else:
         cls = getattr(tf, spec, None)
         if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "config_class")):
-            raise ConfigError("model", cfg.model, "hf:DIR or hf:<a transformers model class>",
+            raise ConfigError("model", model.model, "hf:DIR or hf:<a transformers model class>",
                               "check the class name's spelling and case")
-        config = parse_hf_config(cls.config_class, cfg.model_config)
+        config = parse_hf_config(cls.config_class, model.model_config)
     head = head_of(cls.__name__, config)
     _no_dropout(config)
     if hasattr(config, "use_cache"):
@@ -121,18 +121,18 @@ def load_hf_model(cfg: RunConfig) -> HFModel:
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0  # T5's checkpoints say 0 (pad)
 
     def build() -> nn.Module:
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(run.seed)
         if directory is not None:
             with quiet_progress():
-                model = cls.from_pretrained(str(directory), config=config, dtype=torch.float32, local_files_only=True)
+                built = cls.from_pretrained(str(directory), config=config, dtype=torch.float32, local_files_only=True)
         else:
-            model = cls(config)
-        for m in model.modules():
+            built = cls(config)
+        for m in built.modules():
             if isinstance(m, nn.Dropout):
                 m.p = 0.0
-        return model.float().train()
+        return built.float().train()
 
-    return HFModel(spec=cfg.model, cls=cls, config=config, build=build, head=head)
+    return HFModel(spec=model.model, cls=cls, config=config, build=build, head=head)
 
 
 def _pretrained(tf, directory, model_config: str):
@@ -295,9 +295,9 @@ def hf_rows(cfg: RunConfig, model: HFModel, *, collator: str = "") -> HFRows:
                  "labels": torch.cat([s["input_ids"][:1], s["labels"]])} for s in samples]
         source = f"{n} rows of {cfg.data} (the run's first global batch)"
     elif cfg.data:
-        tok_dir = tokenizer_dir(cfg, model)
-        features = user_rows(cfg, model, tok_dir)
-        rows, source = collate_rows(cfg, model, features, tok_dir, collator)
+        tok_dir = tokenizer_dir(cfg.section("data"), model)
+        features = user_rows(cfg.section("data"), cfg.section("levers"), model, tok_dir)
+        rows, source = collate_rows(cfg.section("run"), model, features, tok_dir, collator)
         source = f"the first {n} rows of {cfg.data}, {source}"
     else:
         g = torch.Generator().manual_seed(cfg.seed)
@@ -313,7 +313,8 @@ def hf_rows(cfg: RunConfig, model: HFModel, *, collator: str = "") -> HFRows:
             if head == "masked":  # the collator masks: give it the unmasked tokens
                 features = [{"input_ids": torch.where(r["labels"] != IGNORE_INDEX, r["labels"],
                                                       r["input_ids"]).tolist()} for r in rows]
-            rows, source = collate_rows(cfg, model, features, tokenizer_dir(cfg, model), collator)
+            rows, source = collate_rows(cfg.section("run"), model, features, tokenizer_dir(cfg.section("data"), model),
+                                        collator)
             source = f"{n} generated rows, {source}"
     out = HFRows(model=model, groups=[], source=source)
     rows.sort(key=lambda r: -out.targets(r) if head != "sequence" else -len(r["input_ids"]))
@@ -340,14 +341,14 @@ MAX_RECORDS = 1_000_000
 """Rows read from a file at most (the check uses the first K x M)."""
 
 
-def tokenizer_dir(cfg: RunConfig, model: HFModel):
+def tokenizer_dir(data: DataSection, model: HFModel):
     """The directory whose tokenizer.json reads the rows: ``--tokenizer DIR``, else the model's ``hf:DIR``."""
-    if cfg.tokenizer and cfg.tokenizer != "byte":
-        directory = Path(cfg.tokenizer)
+    if data.tokenizer and data.tokenizer != "byte":
+        directory = Path(data.tokenizer)
     else:
         directory = pretrained_dir(model.spec.removeprefix("hf:"))
     if directory is None or not (Path(directory) / "tokenizer.json").is_file():
-        raise ConfigError("tokenizer", cfg.tokenizer or model.spec, "a directory holding tokenizer.json",
+        raise ConfigError("tokenizer", data.tokenizer or model.spec, "a directory holding tokenizer.json",
                           f"--data rows of a {HEADS[model.head]} (and --collator) are tokenized with the model's own "
                           "tokenizer: save it into the model directory (tokenizer.save_pretrained) or pass "
                           "--tokenizer DIR")
@@ -356,7 +357,7 @@ def tokenizer_dir(cfg: RunConfig, model: HFModel):
 
 def _backend(directory):
     try:
-        import tokenizers  # noqa: PLC0415 - an optional extra
+        import tokenizers
     except ImportError:
         raise ConfigError("tokenizer", str(directory), "an installed tokenizers package",
                           "pip install 'trainfit[data]'") from None
@@ -369,7 +370,7 @@ def _backend(directory):
 
 def hf_tokenizer(directory):
     """The directory's tokenizer as transformers loads it (what a collator takes), special tokens included."""
-    import transformers as tf  # noqa: PLC0415
+    import transformers as tf
 
     try:
         with quiet_progress():
@@ -383,7 +384,7 @@ def hf_tokenizer(directory):
 
 def _records(path: str, n: int) -> list[tuple[str, dict[str, Any]]]:
     """The first ``n`` rows of ``path`` as ``(where, row)``: JSON Lines objects, CSV or Parquet rows."""
-    import json  # noqa: PLC0415
+    import json
 
     out: list[tuple[str, dict[str, Any]]] = []
     for src in find_sources(path, field="data").files:
@@ -408,8 +409,8 @@ def _records(path: str, n: int) -> list[tuple[str, dict[str, Any]]]:
                         return out
         else:
             try:
-                import pyarrow.csv  # noqa: PLC0415
-                import pyarrow.parquet  # noqa: PLC0415
+                import pyarrow.csv
+                import pyarrow.parquet
             except ImportError:
                 raise ConfigError("data", src.path, "JSON Lines (pyarrow is not installed)",
                                   "pip install 'trainfit[data]'") from None
@@ -443,7 +444,7 @@ def _missing(field: str, where: str, head: str, row: Mapping[str, Any]) -> Confi
                        f"it holds {keys}" + ("; pass --text-field NAME" if "text" in field else ""))
 
 
-def user_rows(cfg: RunConfig, model: HFModel, tok_dir) -> list[dict[str, Any]]:
+def user_rows(data: DataSection, levers: LeversSection, model: HFModel, tok_dir) -> list[dict[str, Any]]:
     """The first K x M rows of ``--data`` as a tokenized dataset's rows (``input_ids`` and, by head, ``labels``):
     text tokenized by ``tok_dir``'s tokenizer.json with its special tokens (what ``tokenizer(text)`` gives),
     token classes aligned to the first token of each word (-100 elsewhere, as transformers' token-classification
@@ -453,84 +454,104 @@ def user_rows(cfg: RunConfig, model: HFModel, tok_dir) -> list[dict[str, Any]]:
         ConfigError: fewer rows than K x M; a row missing a field the head needs, naming the field, the file and
             row, and what the head needs; a class outside ``num_labels``.
     """
-    n, head, config = cfg.micro_batch * cfg.accumulation, model.head, model.config
-    records = _records(cfg.data, n)
+    n, head, config = levers.micro_batch * levers.accumulation, model.head, model.config
+    records = _records(data.data, n)
     if len(records) < n:
-        raise ConfigError("data", cfg.data, f"at least micro_batch x accumulation = {n} rows",
+        raise ConfigError("data", data.data, f"at least micro_batch x accumulation = {n} rows",
                           f"it holds {len(records)}")
     backend = _backend(tok_dir)
-    cut = cfg.seq_len
+    cut = data.seq_len
     num_labels = getattr(config, "num_labels", None)
     out = []
     for where, rec in records:
-        words = None
-        if "input_ids" in rec:
-            ids = _ids(rec["input_ids"], "input_ids", where)
-        elif isinstance(rec.get(cfg.text_field), str):
-            enc = backend.encode(rec[cfg.text_field])
-            ids, words = list(enc.ids), list(enc.word_ids)
-        else:
-            raise _missing(f"a {cfg.text_field!r} field" + (" (a string)" if cfg.text_field in rec else ""),
-                           where, head, rec)
+        ids, words = _input_ids(rec, where, head, backend, data.text_field)
         ids = ids[:cut]
         row: dict[str, Any] = {"input_ids": ids}
         if head == "sequence":
-            label = next((rec[k] for k in LABEL_FIELDS if rec.get(k) is not None), None)
-            if label is None:
-                raise _missing("a 'label' field", where, head, rec)
-            if num_labels == 1:
-                row["labels"] = float(label)
-            else:
-                try:
-                    row["labels"] = int(label)
-                except (TypeError, ValueError):
-                    raise ConfigError("data", where, f"label: a class id in [0, {num_labels})",
-                                      f"it holds {str(label)[:40]!r}") from None
-                if not 0 <= row["labels"] < (num_labels or 0):
-                    raise ConfigError("data", where, f"label: a class id in [0, {num_labels}) (the model's "
-                                      "num_labels)", f"it holds {row['labels']}")
+            row["labels"] = _sequence_label(rec, where, num_labels)
         elif head == "token":
-            field = next((k for k in LABEL_FIELDS if rec.get(k) is not None), None)
-            if field is None:
-                raise _missing("a 'labels' field", where, head, rec)
-            if isinstance(rec[field], (int, float)):
-                raise ConfigError("data", where, f"{field}: a list of classes, one per word of {cfg.text_field!r} "
-                                  "(a token classification labels every word)", f"it holds one value {rec[field]!r}")
-            classes = _ids(rec[field], field, where)
-            if words is None:
-                if len(classes) < len(ids):
-                    raise ConfigError("data", where, f"{field}: one class per id of input_ids ({len(ids)})",
-                                      f"it holds {len(classes)}")
-                labels = classes[:len(ids)]
-            else:
-                n_words = len({w for w in words if w is not None})
-                if len(classes) != n_words:
-                    raise ConfigError("data", where, f"{field}: one class per word of {cfg.text_field!r} "
-                                      f"({n_words} words as the tokenizer splits it)", f"it holds {len(classes)}")
-                labels, last = [], None
-                for w in words[:len(ids)]:
-                    labels.append(classes[w] if w is not None and w != last else -100)
-                    last = w
-            bad = [c for c in labels if c != -100 and not 0 <= c < (num_labels or 0)]
-            if bad:
-                raise ConfigError("data", where, f"{field}: class ids in [0, {num_labels}) or -100",
-                                  f"it holds {bad[0]}")
-            row["labels"] = labels
+            row["labels"] = _token_labels(rec, where, ids, words, num_labels, data.text_field)
         elif head == "seq2seq":
-            field = next((k for k in TARGET_FIELDS if rec.get(k) is not None), None)
-            if field is None:
-                raise _missing("a 'target' field", where, head, rec)
-            value = rec[field]
-            row["labels"] = (list(backend.encode(value).ids) if isinstance(value, str)
-                             else _ids(value, field, where))[:cut]
+            row["labels"] = _seq2seq_labels(rec, where, backend)[:cut]
         elif head == "causal":
             row["labels"] = list(ids)
         out.append(row)
     return out
 
 
+def _input_ids(rec: Mapping[str, Any], where: str, head: str, backend,
+               text_field: str) -> tuple[list[int], list[int | None] | None]:
+    """A row's token ids -- its ``input_ids``, else its text tokenized by ``backend`` -- and, for a text, the word
+    of each token (None where the ids were given)."""
+    if "input_ids" in rec:
+        return _ids(rec["input_ids"], "input_ids", where), None
+    if isinstance(rec.get(text_field), str):
+        enc = backend.encode(rec[text_field])
+        return list(enc.ids), list(enc.word_ids)
+    raise _missing(f"a {text_field!r} field" + (" (a string)" if text_field in rec else ""), where, head, rec)
+
+
+def _sequence_label(rec: Mapping[str, Any], where: str, num_labels: Any) -> int | float:
+    """A sequence classification row's label: a value (``num_labels`` 1, regression) or a class id."""
+    label = next((rec[k] for k in LABEL_FIELDS if rec.get(k) is not None), None)
+    if label is None:
+        raise _missing("a 'label' field", where, "sequence", rec)
+    if num_labels == 1:
+        return float(label)
+    try:
+        value = int(label)
+    except (TypeError, ValueError):
+        raise ConfigError("data", where, f"label: a class id in [0, {num_labels})",
+                          f"it holds {str(label)[:40]!r}") from None
+    if not 0 <= value < (num_labels or 0):
+        raise ConfigError("data", where, f"label: a class id in [0, {num_labels}) (the model's "
+                          "num_labels)", f"it holds {value}")
+    return value
+
+
+def _token_labels(rec: Mapping[str, Any], where: str, ids: list[int], words: list[int | None] | None,
+                  num_labels: Any, text_field: str) -> list[int]:
+    """A token classification row's labels: one class per id of ``input_ids``, or one per word of the text put on
+    the word's first token (-100 on the others)."""
+    field = next((k for k in LABEL_FIELDS if rec.get(k) is not None), None)
+    if field is None:
+        raise _missing("a 'labels' field", where, "token", rec)
+    if isinstance(rec[field], (int, float)):
+        raise ConfigError("data", where, f"{field}: a list of classes, one per word of {text_field!r} "
+                          "(a token classification labels every word)", f"it holds one value {rec[field]!r}")
+    classes = _ids(rec[field], field, where)
+    if words is None:
+        if len(classes) < len(ids):
+            raise ConfigError("data", where, f"{field}: one class per id of input_ids ({len(ids)})",
+                              f"it holds {len(classes)}")
+        labels = classes[:len(ids)]
+    else:
+        n_words = len({w for w in words if w is not None})
+        if len(classes) != n_words:
+            raise ConfigError("data", where, f"{field}: one class per word of {text_field!r} "
+                              f"({n_words} words as the tokenizer splits it)", f"it holds {len(classes)}")
+        labels, last = [], None
+        for w in words[:len(ids)]:
+            labels.append(classes[w] if w is not None and w != last else -100)
+            last = w
+    bad = [c for c in labels if c != -100 and not 0 <= c < (num_labels or 0)]
+    if bad:
+        raise ConfigError("data", where, f"{field}: class ids in [0, {num_labels}) or -100",
+                          f"it holds {bad[0]}")
+    return labels
+
+
+def _seq2seq_labels(rec: Mapping[str, Any], where: str, backend) -> list[int]:
+    """A sequence-to-sequence row's target ids (uncut): its target text tokenized by ``backend``, or its ids."""
+    field = next((k for k in TARGET_FIELDS if rec.get(k) is not None), None)
+    if field is None:
+        raise _missing("a 'target' field", where, "seq2seq", rec)
+    value = rec[field]
+    return list(backend.encode(value).ids) if isinstance(value, str) else _ids(value, field, where)
+
+
 def import_spec(spec: str, field: str, what: str) -> Any:
-    import importlib  # noqa: PLC0415
+    import importlib
 
     mod_name, _, attr = spec.rpartition(":")
     if not mod_name or not attr:
@@ -556,7 +577,7 @@ def load_collator(spec: str, tokenizer: Any) -> tuple[Callable[[list[dict[str, A
     Raises:
         ConfigError: not importable, or building it failed (one line naming the spec).
     """
-    import inspect  # noqa: PLC0415
+    import inspect
 
     obj = import_spec(spec, "collator", "a data collator, its class, or a function of tokenizer returning one")
     if not callable(obj):
@@ -588,9 +609,9 @@ def row_seed(seed: int, i: int) -> int:
 
 
 def _seeded(fn: Callable[[list[dict[str, Any]]], Any], features: list[dict[str, Any]], seed: int) -> Any:
-    import random  # noqa: PLC0415
+    import random
 
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     py, npy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
@@ -604,7 +625,7 @@ def _seeded(fn: Callable[[list[dict[str, Any]]], Any], features: list[dict[str, 
             np.random.set_state(npy)
 
 
-def collate_rows(cfg: RunConfig, model: HFModel, features: list[dict[str, Any]], tok_dir,
+def collate_rows(run: RunSection, model: HFModel, features: list[dict[str, Any]], tok_dir,
                  spec: str) -> tuple[list[dict[str, torch.Tensor]], str]:
     """Each row through the collator alone, once, under :func:`row_seed` (a random mask is drawn once and every
     run -- the Trainer at K x M, at 1 x KM and the reference -- sees the same): the rows the Trainer pads together.
@@ -615,7 +636,7 @@ def collate_rows(cfg: RunConfig, model: HFModel, features: list[dict[str, Any]],
     Raises:
         ConfigError: a collator that cannot be built or fails on a row, or returns no labels (one line).
     """
-    import transformers as tf  # noqa: PLC0415
+    import transformers as tf
 
     name = spec
     if spec:
@@ -635,7 +656,7 @@ def collate_rows(cfg: RunConfig, model: HFModel, features: list[dict[str, Any]],
     rows = []
     for i, f in enumerate(features):
         try:
-            batch = _seeded(collator, [dict(f)], row_seed(cfg.seed, i))
+            batch = _seeded(collator, [dict(f)], row_seed(run.seed, i))
         except Exception as e:  # noqa: BLE001 - one line naming the collator and the field it failed on
             raise ConfigError("collator", spec or name,
                               f"a collator of rows with {', '.join(f)} (a {HEADS[model.head]})",
@@ -648,7 +669,7 @@ def collate_rows(cfg: RunConfig, model: HFModel, features: list[dict[str, Any]],
             raise ConfigError("collator", spec or name, "a collator returning input_ids and labels",
                               f"it returned {', '.join(row) or 'nothing'}")
         rows.append(row)
-    return rows, f"collated by {name}, each row once (seed {cfg.seed} + its index)"
+    return rows, f"collated by {name}, each row once (seed {run.seed} + its index)"
 
 
 def replaced(user: Mapping[str, Any] | None) -> tuple[str, ...]:

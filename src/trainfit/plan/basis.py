@@ -11,6 +11,8 @@ tensors are saved, so each of those pairs gets its own basis.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainfit.plan import recompute as recompute_rules
 from trainfit.plan.cost import Basis
 from trainfit.plan.shapes import TransformerShape
@@ -46,29 +48,33 @@ def checkpointed_indices(spec: str, n_layer: int) -> frozenset[int]:
     return frozenset(range(n_layer))  # full, and class:Name on a transformer: the blocks
 
 
-def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: str, seq_len: int,
-                   optimizer: str = "adamw", trainable: Trainable | None = None) -> Basis:
-    """Memory and FLOPs of a transformer step from its shape (per sample of ``seq_len`` tokens).
+@dataclass(frozen=True)
+class _BlockSums:
+    """What the blocks of a step add up to, per token: bytes they keep saved for backward, the bytes of the
+    largest block recomputed in backward, and their forward, backward and recompute FLOPs."""
 
-    ``trainable`` (``plan.trainable``, for ``--freeze`` / ``--lora``): weights count every parameter (the
-    adapters' too); gradients, optimizer state, the fp32 master copy and the gradient traffic count only the
-    trainable ones; activations and FLOPs follow that module's model (frozen Linear inputs unsaved, adapters'
-    inputs and r-wide outputs saved, no backward below the lowest trainable block, no weight gradient for a
-    frozen weight). Default: every parameter trains.
-    """
-    t = trainable or full_training(shape)
-    w, g, master, cb = precision_facts(precision).bytes_per_param  # (weights, grads, master, compute) bytes
-    rb = 4 if w == 4 else 2  # residual stream dtype: the weights' (autocast keeps it fp32)
-    n, nt, s, d, V, L = t.n_params, t.n_trainable, seq_len, shape.d_model, shape.vocab_size, shape.n_layer
+    kept: float
+    recomputed: float
+    forward: float
+    backward: float
+    recompute: float
+
+
+def _block_sums(shape: TransformerShape, t: Trainable, *, checkpointing: str, seq_len: int, residual_bytes: int,
+                compute_bytes: int) -> _BlockSums:
+    """Sum the blocks of ``shape`` under ``checkpointing`` for what trains (``t``): what each saves (its residual
+    stream in ``residual_bytes``, the rest in ``compute_bytes``), what checkpointing keeps and recomputes of it,
+    and the FLOPs of each pass; blocks below ``t.lowest_block`` save nothing and run no backward."""
+    rb, cb, d = residual_bytes, compute_bytes, shape.d_model
     resid, mm = shape.saved_elems_per_token()
     inputs = saved_input_elems(shape)
     policy = parse_checkpoint_policy(checkpointing)
     ckpt = recompute_rules.checkpointed_indices(checkpointing, shape, residual_bytes=rb, compute_bytes=cb)
-    sel = recompute_rules.selective_cost(shape, s) if isinstance(policy, SelectiveOps) else None
+    sel = recompute_rules.selective_cost(shape, seq_len) if isinstance(policy, SelectiveOps) else None
     kept = recomputed = 0  # bytes per token: saved by the blocks; the largest block recomputed in backward
-    block_flops = shape.block_forward_flops_per_token(s)
+    block_flops = shape.block_forward_flops_per_token(seq_len)
     fwd = bwd = recompute = 0.0  # FLOPs per token
-    for i in range(L):
+    for i in range(shape.n_layer):
         f_i = block_flops + t.adapter_flops_per_token[i]
         fwd += f_i
         if i < t.lowest_block:
@@ -90,13 +96,31 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
         else:
             kept += tok
         bwd += 2 * f_i - 2 * t.frozen_weight_params[i]  # input gradients, and weight gradients that train
+    return _BlockSums(kept=kept, recomputed=recomputed, forward=fwd, backward=bwd, recompute=recompute)
+
+
+def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: str, seq_len: int,
+                   optimizer: str = "adamw", trainable: Trainable | None = None) -> Basis:
+    """Memory and FLOPs of a transformer step from its shape (per sample of ``seq_len`` tokens).
+
+    ``trainable`` (``plan.trainable``, for ``--freeze`` / ``--lora``): weights count every parameter (the
+    adapters' too); gradients, optimizer state, the fp32 master copy and the gradient traffic count only the
+    trainable ones; activations and FLOPs follow that module's model (frozen Linear inputs unsaved, adapters'
+    inputs and r-wide outputs saved, no backward below the lowest trainable block, no weight gradient for a
+    frozen weight). Default: every parameter trains.
+    """
+    t = trainable or full_training(shape)
+    w, g, master, cb = precision_facts(precision).bytes_per_param  # (weights, grads, master, compute) bytes
+    rb = 4 if w == 4 else 2  # residual stream dtype: the weights' (autocast keeps it fp32)
+    n, nt, s, d, V, L = t.n_params, t.n_trainable, seq_len, shape.d_model, shape.vocab_size, shape.n_layer
+    blocks = _block_sums(shape, t, checkpointing=checkpointing, seq_len=s, residual_bytes=rb, compute_bytes=cb)
     head = 2.0 * V * d + t.head_adapter_flops
-    fwd += head
-    bwd += 2 * head - 2 * t.top_frozen_weight_params
+    fwd = blocks.forward + head
+    bwd = blocks.backward + (2 * head - 2 * t.top_frozen_weight_params)  # head: input, trained weight grads
     top_tok = d * rb + (d + t.head_adapter_elems) * cb + V * 4  # final norm in, head in, fp32 log-softmax out
-    act = s * (kept + top_tok + 2 * 8)  # + int64 ids and labels
+    act = s * (blocks.kept + top_tok + 2 * 8)  # + int64 ids and labels
     # At the backward peak: logits and their fp32 gradient, plus one block recomputed.
-    temp = s * (V * (cb + 4) + recomputed)
+    temp = s * (V * (cb + 4) + blocks.recomputed)
     largest = V * d * 4
     return Basis(
         precision=precision, checkpointing=checkpointing, n_params=n, n_blocks=L, n_trainable=nt,
@@ -104,7 +128,7 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
         optimizer_bytes=nt * (OPTIMIZER_BYTES[optimizer] + master), compute_bytes_per_param=cb,
         act_fixed_bytes=0.0, act_per_sample_bytes=float(act), temp_fixed_bytes=0.0,
         temp_per_sample_bytes=float(temp), step_temp_bytes=2.0 * largest,
-        model_flops_per_sample=(fwd + bwd) * s, hardware_flops_per_sample=(fwd + bwd + recompute) * s,
+        model_flops_per_sample=(fwd + bwd) * s, hardware_flops_per_sample=(fwd + bwd + blocks.recompute) * s,
         grad_comm_bytes=nt * 4.0, param_comm_bytes=n * float(cb),
         source=f"analytic {shape.family} shape (plan.basis.analytic_basis)", n_param_tensors=t.n_trainable_tensors,
         max_unit_params=float(max(shape.block_params, shape.n_params - L * shape.block_params)),

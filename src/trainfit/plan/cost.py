@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from trainfit.plan import comm
 from trainfit.plan.clock import (
@@ -34,7 +35,14 @@ from trainfit.plan.clock import (
     weight_cast_seconds,
 )
 from trainfit.plan.offload import offload_price
-from trainfit.vocabulary import PRECISIONS, GradSync, PrecisionName, precision_facts, strategy_facts
+from trainfit.vocabulary import (
+    PRECISIONS,
+    GradSync,
+    PrecisionName,
+    StrategyFacts,
+    precision_facts,
+    strategy_facts,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +129,17 @@ class Memory:
                 "activations": self.activations_bytes, "temporaries": self.temporaries_bytes}
 
 
+class _ModelState(NamedTuple):
+    """Per-device bytes of the model state: at the backward peak (``params``, ``grads``, ``optimizer``) and
+    what the optimizer step holds besides them (``step_grads``, ``step_temp``)."""
+
+    params: float
+    grads: float
+    step_grads: float
+    optimizer: float
+    step_temp: float
+
+
 def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     """Per-device bytes of candidate ``c`` from basis ``b``.
 
@@ -128,41 +147,71 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
     another way than the precision alone would (see :func:`activation_precision`); default ``b``.
     """
     facts = strategy_facts(c.strategy)
-    sharded = facts.shards
+    a = act_basis or b
+    window_fix = _window_fix(b, c, a)
+    state = _model_state(b, c, facts, window_fix)
+    act, temp = _activations_and_temporaries(a, c)
+    offloaded_act = 0.0
+    parts = set(c.offload.split(",")) - {""}
+    if "optimizer" in parts:
+        state = _optimizer_offloaded(b, c, facts, state, window_fix)
+    if "activations" in parts:  # saved for backward in host memory, brought back one op at a time in backward
+        # (fp32 without checkpointing only: plan.rules says why)
+        offloaded_act, act = act, 0.0
+    peak = max(state.params + state.grads + state.optimizer + act + temp,
+               state.params + state.step_grads + state.optimizer + state.step_temp)
+    return Memory(params_bytes=state.params, grads_bytes=state.grads, optimizer_bytes=state.optimizer,
+                  activations_bytes=act, temporaries_bytes=temp, peak_bytes=peak,
+                  offloaded_activation_bytes=offloaded_act)
+
+
+def _unit_compute_bytes(b: Basis) -> float:
+    """Bytes of the largest FSDP unit as computed with (its gathered copy); the mean unit where not known."""
+    unit_params = b.max_unit_params or b.n_params / max(b.n_blocks, 1)
+    return unit_params * b.compute_bytes_per_param
+
+
+def _window_fix(b: Basis, c: Candidate, a: Basis) -> float:
+    """Half-precision gradient bytes a window of several micro-batches adds back in backward (0 elsewhere).
+
+    A traced basis fits a window of several micro-batches as its forward/backward peak less the whole model
+    state, the gradients counted at their largest: the optimizer step's, where a *-true precision also holds
+    fp32 master gradients that backward never does. FSDP2 runs *-mixed on the *-true activation basis ``a``, so
+    that window comes out short by the half-precision gradients, which are added back here, in backward only.
+    (On 2 and 4 gloo ranks what a window's second micro-batch adds is then exactly what was measured: the
+    sharded fp32 gradients per micro-batch sync, the whole ones deferred -- benchmarks/results/
+    fsdp_accumulation_grads.md. The analytic basis fits no window; the optimizer step holds the sharded
+    gradients only. An earlier version added these bytes to the step too, as whole half gradients FSDP2 was
+    taken to hold: n_params x 2 per device, 131 GiB for a 70B model, so no half precision fitted one.)"""
+    return ((b.n_trainable or b.n_params) * b.compute_bytes_per_param
+            if c.accumulation > 1 and b.compute_bytes_per_param < 4 and a.acc_extra_per_sample_bytes is not None
+            else 0.0)
+
+
+def _per_device_grads(b: Basis, c: Candidate, facts: StrategyFacts, whole: float, extra: float = 0.0) -> float:
+    """Gradient bytes one device holds of ``whole`` (plus ``extra``) under ``c``'s strategy (``facts``: its row)
+    and gradient sync."""
+    if facts.distributed and not facts.fsdp:
+        return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
+    # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
+    if "grads" not in facts.shards:
+        return whole
+    if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
+        return whole + extra  # deferred sync keeps whole, unsharded gradients across the window
+    return whole / c.n + extra
+
+
+def _model_state(b: Basis, c: Candidate, facts: StrategyFacts, window_fix: float) -> _ModelState:
+    """Parameters, gradients, optimizer state and the step's temporaries on one device, sharded per the
+    strategy (``facts``: its vocabulary row; its ``shards``), everything resident on the device."""
     n = c.n
     params, opt = b.params_bytes, b.optimizer_bytes
-    unit_params = b.max_unit_params or b.n_params / max(b.n_blocks, 1)
-    unit_compute = unit_params * b.compute_bytes_per_param
-    if "optimizer" in sharded:
+    if "optimizer" in facts.shards:
         opt /= n
-
-    a = act_basis or b
-    # A traced basis fits a window of several micro-batches as its forward/backward peak less the whole model
-    # state, the gradients counted at their largest: the optimizer step's, where a *-true precision also holds
-    # fp32 master gradients that backward never does. FSDP2 runs *-mixed on the *-true activation basis, so that
-    # window comes out short by the half-precision gradients, which are added back here, in backward only. (On
-    # 2 and 4 gloo ranks what a window's second micro-batch adds is then exactly what was measured: the sharded
-    # fp32 gradients per micro-batch sync, the whole ones deferred -- benchmarks/results/
-    # fsdp_accumulation_grads.md. The analytic basis fits no window; the optimizer step holds the sharded
-    # gradients only. An earlier version added these bytes to the step too, as whole half gradients FSDP2 was
-    # taken to hold: n_params x 2 per device, 131 GiB for a 70B model, so no half precision fitted one.)
-    window_fix = ((b.n_trainable or b.n_params) * b.compute_bytes_per_param
-                  if c.accumulation > 1 and b.compute_bytes_per_param < 4 and a.acc_extra_per_sample_bytes is not None
-                  else 0.0)
-
-    def per_device_grads(whole: float, extra: float = 0.0) -> float:
-        if facts.distributed and not facts.fsdp:
-            return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
-        # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
-        if "grads" not in sharded:
-            return whole
-        if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
-            return whole + extra  # deferred sync keeps whole, unsharded gradients across the window
-        return whole / n + extra
-
     # With one micro-batch only the gradients produced so far are live at the backward peak.
-    grads = per_device_grads(b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes, window_fix)
-    step_grads = per_device_grads(b.grads_bytes)
+    grads = _per_device_grads(b, c, facts, b.grads_bytes if c.accumulation > 1 else b.grads_at_peak_bytes,
+                              window_fix)
+    step_grads = _per_device_grads(b, c, facts, b.grads_bytes)
     if facts.fsdp and not facts.reshard_after_forward:
         params = params / n + b.n_params * b.compute_bytes_per_param  # gathered compute copy stays whole
     if facts.fsdp and facts.reshard_after_forward:
@@ -171,35 +220,41 @@ def memory(b: Basis, c: Candidate, *, act_basis: Basis | None = None) -> Memory:
         # one (the root for the head's backward, or the last block) -- measured on 2 gloo ranks for GPT
         # and Llama: the shard plus 0 to 1 unit (benchmarks/results/planner_accuracy_dist*.md); the
         # planner takes the largest unit, the side that never under-predicts by more than the gap.
-        params = params / n + unit_compute
+        params = params / n + _unit_compute_bytes(b)
+    # The optimizer step's temporaries follow the tensors it steps: a rank of a strategy that shards the state
+    # steps 1/n of them (foreach, the CUDA default, holds temporaries for all of them at once).
+    step_temp = b.step_temp_bytes / n if "optimizer" in facts.shards else b.step_temp_bytes
+    return _ModelState(params=params, grads=grads, step_grads=step_grads, optimizer=opt, step_temp=step_temp)
+
+
+def _activations_and_temporaries(a: Basis, c: Candidate) -> tuple[float, float]:
+    """(activations, temporaries) at the backward peak of one micro-batch of ``c``, from basis ``a``; a window of
+    several micro-batches takes its temporaries from the accumulation fit where ``a`` has one."""
     act = a.act_fixed_bytes + a.act_per_sample_bytes * c.micro_batch
     temp = a.temp_fixed_bytes + a.temp_per_sample_bytes * c.micro_batch
     if c.accumulation > 1 and a.acc_extra_per_sample_bytes is not None:
         temp = a.acc_extra_fixed_bytes + a.acc_extra_per_sample_bytes * c.micro_batch - act
-    # The optimizer step's temporaries follow the tensors it steps: a rank of a strategy that shards the state
-    # steps 1/n of them (foreach, the CUDA default, holds temporaries for all of them at once).
-    step_temp = b.step_temp_bytes / n if "optimizer" in sharded else b.step_temp_bytes
-    offloaded_act = 0.0
-    parts = set(c.offload.split(",")) - {""}
-    if "optimizer" in parts:
-        # The optimizer state (and any fp32 master) rests in host memory and the step runs there: none of it,
-        # nor the step's temporaries, on the device. FSDP2's CPUOffloadPolicy also keeps the sharded parameters
-        # and their sharded gradients on the host: the device holds what it gathers (zero2 the whole compute
-        # copy through backward, zero3 one unit at a time) and the unsharded gradients a deferred window
-        # accumulates across its micro-batches.
-        opt, step_temp = 0.0, 0.0
-        if facts.fsdp:
-            params = unit_compute if facts.reshard_after_forward else b.n_params * b.compute_bytes_per_param
-            deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
-            # the whole gradients a deferred window accumulates stay on the device (and the window's fix, above)
-            grads = (b.grads_bytes if deferred else 0.0) + window_fix
-            step_grads = b.grads_bytes if deferred else 0.0
-    if "activations" in parts:  # saved for backward in host memory, brought back one op at a time in backward
-        # (fp32 without checkpointing only: plan.rules says why)
-        offloaded_act, act = act, 0.0
-    peak = max(params + grads + opt + act + temp, params + step_grads + opt + step_temp)
-    return Memory(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
-                  temporaries_bytes=temp, peak_bytes=peak, offloaded_activation_bytes=offloaded_act)
+    return act, temp
+
+
+def _optimizer_offloaded(b: Basis, c: Candidate, facts: StrategyFacts, state: _ModelState,
+                         window_fix: float) -> _ModelState:
+    """``state`` under ``--offload optimizer`` (``facts``: the strategy's row).
+
+    The optimizer state (and any fp32 master) rests in host memory and the step runs there: none of it,
+    nor the step's temporaries, on the device. FSDP2's CPUOffloadPolicy also keeps the sharded parameters
+    and their sharded gradients on the host: the device holds what it gathers (zero2 the whole compute
+    copy through backward, zero3 one unit at a time) and the unsharded gradients a deferred window
+    accumulates across its micro-batches."""
+    if not facts.fsdp:
+        return _ModelState(params=state.params, grads=state.grads, step_grads=state.step_grads, optimizer=0.0,
+                           step_temp=0.0)
+    params = _unit_compute_bytes(b) if facts.reshard_after_forward else b.n_params * b.compute_bytes_per_param
+    deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
+    # the whole gradients a deferred window accumulates stay on the device (and the window's fix, above)
+    grads = (b.grads_bytes if deferred else 0.0) + window_fix
+    step_grads = b.grads_bytes if deferred else 0.0
+    return _ModelState(params=params, grads=grads, step_grads=step_grads, optimizer=0.0, step_temp=0.0)
 
 
 def activation_precision(strategy: str, precision: str) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.plan.cost import Basis, Candidate, Links, activation_precision, memory, step_time
+from trainfit.plan.cost import Basis, Candidate, Links, Memory, Time, activation_precision, memory, step_time
 from trainfit.plan.offload import OFFLOAD_CHOICES, offload_as_run
 from trainfit.plan.rules import Context, broken_rules
 from trainfit.units import fmt_bytes
@@ -249,60 +249,109 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
     cache: dict[tuple[str, str], Basis] = {}
     all_c = candidates(space)
     for c in all_c:
-        broken = broken_rules(c, ctx)
-        if broken:
-            for r in broken:
-                key = f"{r.lever}: requires {r.requirement} ({r.reason})"
-                excluded[key] = excluded.get(key, 0) + 1
-            continue
-        b = cache.setdefault((c.precision, c.checkpointing), None) or basis(c.precision, c.checkpointing)
-        cache[(c.precision, c.checkpointing)] = b
-        ap = activation_precision(c.strategy, c.precision)
-        act_b = None
-        if ap != c.precision:
-            act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
-            cache[(ap, c.checkpointing)] = act_b
-        lk = links(c.precision, c.checkpointing)
-        if c.offload and not lk.host_bytes_per_s:
-            key = "offload: requires a known host link (the device row's, or --calibrate on cpu) to price its copies"
-            excluded[key] = excluded.get(key, 0) + 1
-            continue
-        mem = memory(b, c, act_basis=act_b)
-        t = step_time(b, c, lk, offloaded_activation_bytes=mem.offloaded_activation_bytes)
-        fits = mem.peak_bytes <= space.budget_bytes
-        reasons = []
-        if c.offload:
-            resident = memory(b, dataclasses.replace(c, offload=""), act_basis=act_b)
-            reasons.append(f"offload {c.offload}: frees {fmt_bytes(resident.peak_bytes - mem.peak_bytes)} of the "
-                           f"peak per device, costs {t.offload_s:.3g} s/step over the host link at "
-                           f"{lk.host_bytes_per_s / 1e9:.3g} GB/s (copies not overlapped: an upper bound)")
-        if c.compile:
-            reasons.append(f"compile: compute at {lk.compile_speedup:.3g}x the eager step's speed (measured or "
-                           "given); memory as eager (the partitioner saved the same bytes on the GPTs measured)")
-        if not fits:
-            big = max(mem.parts().items(), key=lambda kv: kv[1])
-            reasons.append(f"peak {fmt_bytes(mem.peak_bytes)} > budget {fmt_bytes(space.budget_bytes)} "
-                           f"({fmt_bytes(space.memory_bytes)} less {space.headroom:.0%} headroom); largest part: "
-                           f"{big[0]} {fmt_bytes(big[1])}")
-        if t.exposed_comm_s > t.compute_s:
-            reasons.append(f"communication-bound: {t.exposed_comm_s:.3g} s of exposed communication vs "
-                           f"{t.compute_s:.3g} s of compute per step: the interconnect, not the devices, sets "
-                           "the throughput")
-        entries.append(PlanEntry(
-            precision=c.precision, micro_batch=c.micro_batch, accumulation=c.accumulation,
-            checkpointing=c.checkpointing, strategy=c.strategy, grad_sync=c.grad_sync,
-            peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
-            fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
-            compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile, offload=c.offload,
-            offload_s=t.offload_s, time_parts=t.parts()))
+        entry = _costed(c, space, ctx=ctx, basis=basis, links=links, cache=cache, excluded=excluded)
+        if entry is not None:
+            entries.append(entry)
     if not entries:
         raise TrainfitError("plan: no candidate is compatible with the device and device count: "
                             + "; ".join(excluded))
-    # Equal predicted times (to 0.1%): prefer no offload (its copies are priced as an upper bound, and a
-    # tiny one rounds away), then the larger micro-batch (fewer launches, better device utilisation, which
-    # the FLOP model does not see), then less memory.
+    _rank(entries)
+    return PlanResult(entries=entries, excluded=excluded, notes=_ranked_notes(entries, space),
+                      candidates=len(all_c))
+
+
+OFFLOAD_UNPRICED = "offload: requires a known host link (the device row's, or --calibrate on cpu) to price its copies"
+"""The reason :func:`search` excludes an offloaded candidate whose links have no host bandwidth."""
+
+
+def _tally(excluded: dict[str, int], key: str) -> None:
+    """Count one more candidate excluded for ``key``."""
+    excluded[key] = excluded.get(key, 0) + 1
+
+
+def _costed(c: Candidate, space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basis],
+            links: Callable[[str, str], Links], cache: dict[tuple[str, str], Basis],
+            excluded: dict[str, int]) -> PlanEntry | None:
+    """Candidate ``c`` costed and explained, or None where a rule, or offload without a host link to price it,
+    excludes it (counted in ``excluded`` by reason). ``cache``: the bases asked for so far, by pair."""
+    broken = broken_rules(c, ctx)
+    if broken:
+        for r in broken:
+            _tally(excluded, f"{r.lever}: requires {r.requirement} ({r.reason})")
+        return None
+    b, act_b = _bases(c, basis, cache)
+    lk = links(c.precision, c.checkpointing)
+    if c.offload and not lk.host_bytes_per_s:
+        _tally(excluded, OFFLOAD_UNPRICED)
+        return None
+    mem = memory(b, c, act_basis=act_b)
+    t = step_time(b, c, lk, offloaded_activation_bytes=mem.offloaded_activation_bytes)
+    fits = mem.peak_bytes <= space.budget_bytes
+    reasons = [_offload_reason(c, b, act_b, mem, t, lk)] if c.offload else []
+    reasons += _reasons(c, space, mem, t, lk, fits=fits)
+    return PlanEntry(
+        precision=c.precision, micro_batch=c.micro_batch, accumulation=c.accumulation,
+        checkpointing=c.checkpointing, strategy=c.strategy, grad_sync=c.grad_sync,
+        peak_bytes_per_device=int(mem.peak_bytes), step_s=t.step_s, scaling_efficiency=t.scaling_efficiency,
+        fits=fits, reasons=reasons, parts={k: int(v) for k, v in mem.parts().items()},
+        compute_s=t.compute_s, exposed_comm_s=t.exposed_comm_s, compile=c.compile, offload=c.offload,
+        offload_s=t.offload_s, time_parts=t.parts())
+
+
+def _bases(c: Candidate, basis: Callable[[str, str], Basis],
+           cache: dict[tuple[str, str], Basis]) -> tuple[Basis, Basis | None]:
+    """(the basis of ``c``'s pair, the basis its activations come from where the strategy computes in another
+    precision, else None), each asked of ``basis`` once and kept in ``cache``."""
+    b = cache.setdefault((c.precision, c.checkpointing), None) or basis(c.precision, c.checkpointing)
+    cache[(c.precision, c.checkpointing)] = b
+    ap = activation_precision(c.strategy, c.precision)
+    act_b = None
+    if ap != c.precision:
+        act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
+        cache[(ap, c.checkpointing)] = act_b
+    return b, act_b
+
+
+def _offload_reason(c: Candidate, b: Basis, act_b: Basis | None, mem: Memory, t: Time, lk: Links) -> str:
+    """What ``c``'s offload frees of the peak (against the same candidate without it) and costs per step."""
+    resident = memory(b, dataclasses.replace(c, offload=""), act_basis=act_b)
+    return (f"offload {c.offload}: frees {fmt_bytes(resident.peak_bytes - mem.peak_bytes)} of the "
+            f"peak per device, costs {t.offload_s:.3g} s/step over the host link at "
+            f"{lk.host_bytes_per_s / 1e9:.3g} GB/s (copies not overlapped: an upper bound)")
+
+
+def _reasons(c: Candidate, space: SearchSpace, mem: Memory, t: Time, lk: Links, *, fits: bool) -> list[str]:
+    """Why a costed candidate ranks where it does, besides offload (:func:`_offload_reason`): compiled, not
+    fitting, communication-bound."""
+    reasons = []
+    if c.compile:
+        reasons.append(f"compile: compute at {lk.compile_speedup:.3g}x the eager step's speed (measured or "
+                       "given); memory as eager (the partitioner saved the same bytes on the GPTs measured)")
+    if not fits:
+        big = max(mem.parts().items(), key=lambda kv: kv[1])
+        reasons.append(f"peak {fmt_bytes(mem.peak_bytes)} > budget {fmt_bytes(space.budget_bytes)} "
+                       f"({fmt_bytes(space.memory_bytes)} less {space.headroom:.0%} headroom); largest part: "
+                       f"{big[0]} {fmt_bytes(big[1])}")
+    if t.exposed_comm_s > t.compute_s:
+        reasons.append(f"communication-bound: {t.exposed_comm_s:.3g} s of exposed communication vs "
+                       f"{t.compute_s:.3g} s of compute per step: the interconnect, not the devices, sets "
+                       "the throughput")
+    return reasons
+
+
+def _rank(entries: list[PlanEntry]) -> None:
+    """Sort ``entries`` in place: the fitting ones fastest first, then the others smallest first.
+
+    Equal predicted times (to 0.1%): prefer no offload (its copies are priced as an upper bound, and a
+    tiny one rounds away), then the larger micro-batch (fewer launches, better device utilisation, which
+    the FLOP model does not see), then less memory."""
     entries.sort(key=lambda e: (not e.fits, round(math.log(e.step_s), 3) if e.fits else e.peak_bytes_per_device,
                                 bool(e.offload), -e.micro_batch, e.peak_bytes_per_device, e.compile))
+
+
+def _ranked_notes(entries: list[PlanEntry], space: SearchSpace) -> list[str]:
+    """The plan's notes on sorted ``entries``, after putting first a near-tied entry without recompute
+    (:func:`_prefer_no_recompute`, which may reorder them), and saying when not every micro-batch was tried."""
     promoted = _prefer_no_recompute(entries)
     notes = _notes(entries, space)
     if promoted:
@@ -310,7 +359,7 @@ def search(space: SearchSpace, *, ctx: Context, basis: Callable[[str, str], Basi
     bounded = "" if space.micro_batches else micro_batch_choices(space.global_batch // space.devices)[1]
     if bounded:
         notes.append(bounded)
-    return PlanResult(entries=entries, excluded=excluded, notes=notes, candidates=len(all_c))
+    return notes
 
 
 NEAR_TIE = 0.05

@@ -188,26 +188,63 @@ def trainable(shape: TransformerShape, *, freeze: str = "", lora: LoraSpec | Non
     adapted: list[Module] = []
     if lora is not None:
         frozen = set(names)  # LoRA freezes every base weight
-        for t in lora.targets:
-            if not any(_targets_matching(m.name, (t,)) for m in mods):
-                listed = ", ".join(dict.fromkeys(m.short for m in mods))
-                raise ConfigError("lora.targets", t, f"module names of the {shape.family} shape: {listed}",
-                                  "a target matches a module's name or its last dotted parts")
-        adapted = [m for m in mods if _targets_matching(m.name, lora.targets)]
-    L, r = shape.n_layer, (lora.r if lora else 0)
-    dropout = bool(lora and lora.dropout)
+        adapted = _adapted_modules(shape, mods, lora)
+    r = lora.r if lora else 0
     n_adapter = sum(r * (m.in_features + m.out_features) for m in adapted)
     trainable_params = [(n, k, b) for n, k, b in params if n not in frozen]
-    # Backward runs down to the lowest trainable block; an embedding that trains takes it through all of them,
-    # a trainable head or final norm through none.
+    lowest = _lowest_block(shape, mods, trainable_params, adapted)
+    per_block = _per_block(shape, mods, adapted, frozen, r=r, dropout=bool(lora and lora.dropout))
+    top = [m for m in adapted if m.block is None]
+    n_all = shape.n_params + n_adapter
+    n_train = sum(k for _, k, _ in trainable_params) + n_adapter
+    what = _what_trains(shape, freeze=freeze, patterns=patterns, lora=lora, adapted=adapted, n_frozen=len(frozen),
+                        n_names=len(names))
+    return Trainable(
+        n_params=n_all, n_trainable=n_train, n_trainable_tensors=len(trainable_params) + 2 * len(adapted),
+        n_adapters=len(adapted), lowest_block=max(0, lowest), **per_block,
+        top_frozen_weight_params=shape.vocab_size * shape.d_model if _head_weight(shape) in frozen else 0,
+        head_adapter_elems=r * len(top),
+        head_adapter_flops=sum(2.0 * r * (m.in_features + m.out_features) for m in top),
+        description=f"trainable parameters: {n_train:,} of {n_all:,} ({n_train / n_all:.2%}): " + "; ".join(what),
+    )
+
+
+def _adapted_modules(shape: TransformerShape, mods: list[Module], lora: LoraSpec) -> list[Module]:
+    """The modules of ``mods`` that get an adapter under ``lora``.
+
+    Raises:
+        ConfigError: ``lora.targets``: a target naming no module of ``mods`` (listing their short names).
+    """
+    for t in lora.targets:
+        if not any(_targets_matching(m.name, (t,)) for m in mods):
+            listed = ", ".join(dict.fromkeys(m.short for m in mods))
+            raise ConfigError("lora.targets", t, f"module names of the {shape.family} shape: {listed}",
+                              "a target matches a module's name or its last dotted parts")
+    return [m for m in mods if _targets_matching(m.name, lora.targets)]
+
+
+def _lowest_block(shape: TransformerShape, mods: list[Module], trainable_params: list[tuple[str, int, int | None]],
+                  adapted: list[Module]) -> int:
+    """The lowest block backward reaches: an embedding that trains takes it through all of them (-1), a
+    trainable head or final norm through none (``n_layer``)."""
+    L = shape.n_layer
     embeddings = {m.name for m in mods if m.embedding}
+
     def depth(block: int | None, name: str) -> int:
         return block if block is not None else (-1 if name.rsplit(".", 1)[0] in embeddings else L)
-    lowest = min([depth(b, n) for n, _, b in trainable_params]
-                 + [depth(m.block, m.name + ".weight") for m in adapted] + [L])
+
+    return min([depth(b, n) for n, _, b in trainable_params]
+               + [depth(m.block, m.name + ".weight") for m in adapted] + [L])
+
+
+def _per_block(shape: TransformerShape, mods: list[Module], adapted: list[Module], frozen: set[str], *, r: int,
+               dropout: bool) -> dict[str, tuple]:
+    """The per-block fields of :class:`Trainable` (``frozen_inputs``, ``adapter_elems``, ``adapter_mask_bytes``,
+    ``frozen_weight_params``, ``adapter_flops_per_token``), by field name, for weights ``frozen`` and the
+    ``adapted`` modules of rank ``r``."""
     linears = [m for m in mods if m.block is not None]
     frozen_inputs, extra, masks, frozen_w, flops = [], [], [], [], []
-    for i in range(L):
+    for i in range(shape.n_layer):
         mine = [m for m in linears if m.block == i]
         ada = [m for m in adapted if m.block == i]
         read = {m.input for m in mine if f"{m.name}.weight" not in frozen}
@@ -218,31 +255,31 @@ def trainable(shape: TransformerShape, *, freeze: str = "", lora: LoraSpec | Non
         masks.append(sum(m.in_features for m in ada) if dropout else 0)
         frozen_w.append(sum(m.in_features * m.out_features for m in mine if f"{m.name}.weight" in frozen))
         flops.append(sum(2.0 * r * (m.in_features + m.out_features) for m in ada))
-    top = [m for m in adapted if m.block is None]
-    head_weight = ("head.weight" if shape.family == "gpt" else
-                   "model.embed_tokens.weight" if shape.tied_embeddings else "lm_head.weight")
-    n_all = shape.n_params + n_adapter
-    n_train = sum(k for _, k, _ in trainable_params) + n_adapter
+    return {"frozen_inputs": tuple(frozen_inputs), "adapter_elems": tuple(extra), "adapter_mask_bytes": tuple(masks),
+            "frozen_weight_params": tuple(frozen_w), "adapter_flops_per_token": tuple(flops)}
+
+
+def _head_weight(shape: TransformerShape) -> str:
+    """The name of the head's weight (a tied head's is the embedding's)."""
+    return ("head.weight" if shape.family == "gpt" else
+            "model.embed_tokens.weight" if shape.tied_embeddings else "lm_head.weight")
+
+
+def _what_trains(shape: TransformerShape, *, freeze: str, patterns: list[str], lora: LoraSpec | None,
+                 adapted: list[Module], n_frozen: int, n_names: int) -> list[str]:
+    """The parts of the plan header's line on what trains: the LoRA adapters, then what ``--freeze``
+    (``patterns``, parsed) froze: ``n_frozen`` of the ``n_names`` parameter tensors."""
     what = []
     if lora is not None:
         short = ", ".join(dict.fromkeys(m.short for m in adapted))
         blocks = len({m.block for m in adapted if m.block is not None})
-        what.append(f"LoRA r={r} on {short} ({len(adapted)} modules"
-                    + (f" in {blocks} of {L} blocks" if blocks else "") + ")")
+        what.append(f"LoRA r={lora.r} on {short} ({len(adapted)} modules"
+                    + (f" in {blocks} of {shape.n_layer} blocks" if blocks else "") + ")")
     if patterns and lora is None:
-        what.append(f"--freeze {freeze}: {len(frozen)} of {len(names)} parameter tensors frozen")
+        what.append(f"--freeze {freeze}: {n_frozen} of {n_names} parameter tensors frozen")
     elif patterns:
         what.append(f"--freeze {freeze} (the base weights are frozen under LoRA anyway)")
-    return Trainable(
-        n_params=n_all, n_trainable=n_train, n_trainable_tensors=len(trainable_params) + 2 * len(adapted),
-        n_adapters=len(adapted), lowest_block=max(0, lowest), frozen_inputs=tuple(frozen_inputs),
-        adapter_elems=tuple(extra), adapter_mask_bytes=tuple(masks), frozen_weight_params=tuple(frozen_w),
-        adapter_flops_per_token=tuple(flops),
-        top_frozen_weight_params=shape.vocab_size * shape.d_model if head_weight in frozen else 0,
-        head_adapter_elems=r * len(top),
-        head_adapter_flops=sum(2.0 * r * (m.in_features + m.out_features) for m in top),
-        description=f"trainable parameters: {n_train:,} of {n_all:,} ({n_train / n_all:.2%}): " + "; ".join(what),
-    )
+    return what
 
 
 def saved_input_elems(shape: TransformerShape) -> dict[str, int]:

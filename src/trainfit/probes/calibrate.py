@@ -15,7 +15,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -171,89 +171,125 @@ def calibrated_links(base_cfg: RunConfig, plain: Callable[..., Links], basis: Ca
     stepped, and why) are appended to ``notes`` when given and kept on the returned callable as
     ``links.notes`` for the caller to print.
     """
-    cache: dict[tuple[str, str], Links] = {}
-    fitted: dict[str, tuple[str, float, float]] = {}  # precision -> (checkpointing, FLOP/s, seconds) of its first fit
-    out_notes: list[str] = [] if notes is None else notes
-    order = tuple(precisions) if precisions is not None else tuple(PRECISIONS)
-    priced: dict[str, float] = {}
+    calibration = _Calibration(
+        base_cfg=base_cfg, plain=plain, basis=basis, reps=reps, clock=clock,
+        order=tuple(precisions) if precisions is not None else tuple(PRECISIONS), screen=screen,
+        pair_budget_s=pair_budget_s, point_budget_s=point_budget_s, notes=[] if notes is None else notes,
+        price=price, step_anyway_s=step_anyway_s)
 
-    def priced_rate(p: str) -> float:
-        if p not in priced:
-            priced[p] = (price or price_matmul)(p)
-            log.info("plan: calibrating: %s matmuls priced at %.3g GFLOP/s on this CPU", p, priced[p] / 1e9)
-        return priced[p]
+    def links(p: str, ck: str = "none") -> Links:
+        return calibration.links(p, ck)
 
-    def reference() -> str:
-        return max(order, key=priced_rate)
+    links.notes = calibration.notes  # type: ignore[attr-defined]
+    return links
 
-    said: set = set()
 
-    def note(text: str, key=None) -> None:
+@dataclass
+class _Calibration:
+    """The state behind one :func:`calibrated_links`: its settings, the links found so far (``cache``), each
+    precision's first fit (``fitted``: checkpointing, FLOP/s, seconds its points took), the priced matmul rates
+    and the notes already said."""
+
+    base_cfg: RunConfig
+    plain: Callable[..., Links]
+    basis: Callable[[str, str], Basis]
+    reps: int
+    clock: Callable[[], float] | None
+    order: tuple[str, ...]
+    screen: bool
+    pair_budget_s: float
+    point_budget_s: float
+    notes: list[str]
+    price: Callable[[str], float] | None
+    step_anyway_s: float
+    cache: dict[tuple[str, str], Links] = field(default_factory=dict)
+    fitted: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    priced: dict[str, float] = field(default_factory=dict)
+    said: set = field(default_factory=set)
+
+    def priced_rate(self, p: str) -> float:
+        """p's matmul rate, priced once (:func:`price_matmul` or ``price``) and said on the logger."""
+        if p not in self.priced:
+            self.priced[p] = (self.price or price_matmul)(p)
+            log.info("plan: calibrating: %s matmuls priced at %.3g GFLOP/s on this CPU", p, self.priced[p] / 1e9)
+        return self.priced[p]
+
+    def reference(self) -> str:
+        """The precision stepped first: the fastest priced matmul rate of ``order``."""
+        return max(self.order, key=self.priced_rate)
+
+    def note(self, text: str, key=None) -> None:
         """Say ``text`` once per ``key`` (default: the text): one line per precision, not per pair."""
-        if (key or text) not in said:
-            said.add(key or text)
-            out_notes.append(text)
+        if (key or text) not in self.said:
+            self.said.add(key or text)
+            self.notes.append(text)
             log.info("plan: %s", text)
 
-    def fit(p: str, ck: str) -> Links:
+    def fit(self, p: str, ck: str) -> Links:
         """Three measured points of (p, ck) -> per-sample, per-micro-batch and per-step costs."""
         cfg = make_config({"precision": p, "checkpointing": ck, "micro_batch": 2, "accumulation": 1,
-                           "strategy": StrategyName.SINGLE}, base=base_cfg)
-        t21, t41, t22 = measure_points(cfg, ((2, 1), (4, 1), (2, 2)), reps=reps, clock=clock,
-                                       budget_s=point_budget_s, label=f"{p}/{ck}")
+                           "strategy": StrategyName.SINGLE}, base=self.base_cfg)
+        t21, t41, t22 = measure_points(cfg, ((2, 1), (4, 1), (2, 2)), reps=self.reps, clock=self.clock,
+                                       budget_s=self.point_budget_s, label=f"{p}/{ck}")
         per_sample = max((t41 - t21) / 2, 1e-9)
         per_mb = max(t22 - t41, 0.0)
         per_step = max(t21 - per_mb - 2 * per_sample, 0.0)
-        rate = basis(p, ck).hardware_flops_per_sample / per_sample
-        fitted.setdefault(p, (ck, rate, t21 + t41 + t22))
-        return dataclasses.replace(plain(p, ck), flops_per_s=rate, overhead_per_micro_batch_s=per_mb,
+        rate = self.basis(p, ck).hardware_flops_per_sample / per_sample
+        self.fitted.setdefault(p, (ck, rate, t21 + t41 + t22))
+        return dataclasses.replace(self.plain(p, ck), flops_per_s=rate, overhead_per_micro_batch_s=per_mb,
                                    per_step_s=per_step)
 
-    def derived(p: str, ck: str) -> Links:
+    def derived(self, p: str, ck: str) -> Links:
         """(p, ck) at the FLOP rate and fixed costs of p's fitted pair: its own FLOPs (the recompute
         checkpointing adds) priced at that pair's measured rate, no step taken."""
-        first_ck, rate, cost = fitted[p]
-        r = links(p, first_ck)
-        note(f"calibration: {p} with checkpointing {ck} priced at {p}/{first_ck}'s fitted rate "
-             f"({rate / 1e9:.3g} GFLOP/s) and fixed costs, its recompute included, not stepped (that pair's three "
-             f"points took {cost:.0f} s, over the {pair_budget_s:g} s budget per pair)")
-        return dataclasses.replace(plain(p, ck), flops_per_s=rate,
+        first_ck, rate, cost = self.fitted[p]
+        r = self.links(p, first_ck)
+        self.note(f"calibration: {p} with checkpointing {ck} priced at {p}/{first_ck}'s fitted rate "
+                  f"({rate / 1e9:.3g} GFLOP/s) and fixed costs, its recompute included, not stepped (that pair's "
+                  f"three points took {cost:.0f} s, over the {self.pair_budget_s:g} s budget per pair)")
+        return dataclasses.replace(self.plain(p, ck), flops_per_s=rate,
                                    overhead_per_micro_batch_s=r.overhead_per_micro_batch_s, per_step_s=r.per_step_s)
 
-    def links(p: str, ck: str = "none") -> Links:
-        if (p, ck) in cache:
-            return cache[(p, ck)]
-        if p in fitted and fitted[p][2] > pair_budget_s:
-            cache[(p, ck)] = derived(p, ck)
-            return cache[(p, ck)]
-        ref = reference() if screen and p in order else p
-        if ref != p:
-            r = links(ref, ck)
-            upper = (basis(ref, ck).hardware_flops_per_sample / r.flops_per_s + r.overhead_per_micro_batch_s
-                     + r.per_step_s)
-            lower = basis(p, ck).hardware_flops_per_sample / priced_rate(p)
-            steps_s = STEPPED_SAMPLES * lower  # what its three points and warm-up would take at the least
-            why = None
-            if lower > upper and steps_s > step_anyway_s:
-                why = (f"a sample costs it at least {lower:.3g} s against at most {upper:.3g} s in {ref}: none of its "
-                       f"rows can rank first where a {ref} row fits")
-            elif steps_s > pair_budget_s:
-                why = (f"stepping it would take at least {steps_s:.0f} s, over the {pair_budget_s:g} s budget per "
-                       "pair")
-            if why is not None:
-                note(f"calibration: {p} not stepped: its matmuls run at {priced_rate(p) / 1e9:.3g} GFLOP/s on this "
-                     f"CPU ({ref}: {priced_rate(ref) / 1e9:.3g}); with checkpointing {ck}, {why}; its rows are priced "
-                     f"at that rate with {ref}'s fixed costs: a lower bound on their steps, not a measurement",
-                     key=("skipped", p))
-                cache[(p, ck)] = dataclasses.replace(plain(p, ck), flops_per_s=priced_rate(p),
-                                                     overhead_per_micro_batch_s=r.overhead_per_micro_batch_s,
-                                                     per_step_s=r.per_step_s)
-                return cache[(p, ck)]
-        cache[(p, ck)] = fit(p, ck)
-        return cache[(p, ck)]
+    def bounded(self, p: str, ck: str, ref: str) -> Links | None:
+        """(p, ck) priced at p's matmul rate with ``ref``'s fixed costs, with a note saying why it is not stepped
+        (its rows cannot rank first, or stepping it is over budget); None where it is to be stepped."""
+        r = self.links(ref, ck)
+        upper = (self.basis(ref, ck).hardware_flops_per_sample / r.flops_per_s + r.overhead_per_micro_batch_s
+                 + r.per_step_s)
+        lower = self.basis(p, ck).hardware_flops_per_sample / self.priced_rate(p)
+        steps_s = STEPPED_SAMPLES * lower  # what its three points and warm-up would take at the least
+        why = None
+        if lower > upper and steps_s > self.step_anyway_s:
+            why = (f"a sample costs it at least {lower:.3g} s against at most {upper:.3g} s in {ref}: none of its "
+                   f"rows can rank first where a {ref} row fits")
+        elif steps_s > self.pair_budget_s:
+            why = (f"stepping it would take at least {steps_s:.0f} s, over the {self.pair_budget_s:g} s budget per "
+                   "pair")
+        if why is None:
+            return None
+        self.note(f"calibration: {p} not stepped: its matmuls run at {self.priced_rate(p) / 1e9:.3g} GFLOP/s on "
+                  f"this CPU ({ref}: {self.priced_rate(ref) / 1e9:.3g}); with checkpointing {ck}, {why}; its rows "
+                  f"are priced at that rate with {ref}'s fixed costs: a lower bound on their steps, not a measurement",
+                  key=("skipped", p))
+        return dataclasses.replace(self.plain(p, ck), flops_per_s=self.priced_rate(p),
+                                   overhead_per_micro_batch_s=r.overhead_per_micro_batch_s, per_step_s=r.per_step_s)
 
-    links.notes = out_notes  # type: ignore[attr-defined]
-    return links
+    def links(self, p: str, ck: str = "none") -> Links:
+        """(p, ck)'s links, found once: derived from p's fit past the pair budget, bounded where screening says
+        it cannot rank first, else fitted to its measured steps."""
+        if (p, ck) in self.cache:
+            return self.cache[(p, ck)]
+        if p in self.fitted and self.fitted[p][2] > self.pair_budget_s:
+            self.cache[(p, ck)] = self.derived(p, ck)
+            return self.cache[(p, ck)]
+        ref = self.reference() if self.screen and p in self.order else p
+        if ref != p:
+            bounded = self.bounded(p, ck, ref)
+            if bounded is not None:
+                self.cache[(p, ck)] = bounded
+                return self.cache[(p, ck)]
+        self.cache[(p, ck)] = self.fit(p, ck)
+        return self.cache[(p, ck)]
 
 
 def compile_speedup_links(base_cfg: RunConfig, plain: Callable[..., Links], *, reps: int = 5,

@@ -31,7 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from trainfit.config import RunConfig
+from trainfit.config import LeversSection, RunConfig
 from trainfit.errors import ConfigError
 from trainfit.meters.attention import hf_attention_note, target_kernels
 from trainfit.meters.flops import flop_counter
@@ -227,14 +227,15 @@ def shortcut_applies(cfg: RunConfig, task) -> str:
         return f"only {task.depth} blocks: traced in full"
     if isinstance(cfg.checkpointing, EveryKthBlock) and cfg.checkpointing.k > 1:
         return "every:K checkpointing makes blocks differ: traced in full"
-    return _whole_only(cfg)
+    return _whole_only(cfg.section("levers"))
 
 
-def _whole_only(cfg: RunConfig) -> str:
+def _whole_only(levers: LeversSection) -> str:
     """Why the block shortcut cannot apply at any depth ('' when it can)."""
-    if isinstance(cfg.checkpointing, MemoryBudget):  # which blocks it checkpoints depends on the depth
-        return f"{cfg.checkpointing.spec} checkpoints a share of the blocks that depends on their number: traced in full"
-    if cfg.offload:
+    if isinstance(levers.checkpointing, MemoryBudget):  # which blocks it checkpoints depends on the depth
+        return (f"{levers.checkpointing.spec} checkpoints a share of the blocks that depends on their number: "
+                "traced in full")
+    if levers.offload:
         return "offload: the device/host split is traced in full"
     return ""
 
@@ -417,8 +418,9 @@ def shortcut_depths(cfg: RunConfig, task) -> tuple[tuple[int, int] | None, int, 
     k = cfg.checkpointing.k if isinstance(cfg.checkpointing, EveryKthBlock) else 1
     if not getattr(task, "depth_key", ""):
         return None, k, "the task does not say how to change its number of blocks"
-    if _whole_only(cfg):
-        return None, k, _whole_only(cfg)
+    whole = _whole_only(cfg.section("levers"))
+    if whole:
+        return None, k, whole
     rem = task.depth % k
     a, b = (d * k + rem for d in SHORTCUT_DEPTHS)
     if task.depth <= b:

@@ -35,13 +35,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainfit.config import RunConfig, make_config
+from trainfit.config import DataSection, ModelSection, RunConfig, make_config
 from trainfit.errors import ConfigError
 from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
 from trainfit.plan.basis import BASIS_BATCHES, analytic_basis, basis_from_reports
 from trainfit.plan.cost import Basis, Links
 from trainfit.plan.shapes import shape_of
-from trainfit.progress import logger, say, stage
+from trainfit.progress import Stage, logger, say, stage
 from trainfit.vocabulary import PRECISIONS, PrecisionName, StrategyName, precision_facts
 
 log = logger("plan")
@@ -72,11 +72,12 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def _file_stamps(cfg: RunConfig) -> list:
-    """(path, size, mtime_ns) of every file or directory the job names: a local checkpoint, a JSON config,
-    a user's model module, the data, a tokenizer."""
-    names = [cfg.model.removeprefix("hf:"), cfg.model.removeprefix("module:").split(":")[0].replace(".", "/") + ".py",
-             cfg.model_config.split(",")[0], cfg.data, cfg.tokenizer]
+def _file_stamps(model: ModelSection, data: DataSection) -> list:
+    """(path, size, mtime_ns) of every file or directory the job's model and data sections name: a local
+    checkpoint, a JSON config, a user's model module, the data, a tokenizer."""
+    names = [model.model.removeprefix("hf:"),
+             model.model.removeprefix("module:").split(":")[0].replace(".", "/") + ".py",
+             model.model_config.split(",")[0], data.data, data.tokenizer]
     out = []
     for name in names:
         p = Path(name) if name else None
@@ -98,7 +99,8 @@ def _version(dist: str) -> str | None:
 def cache_key(cfg: RunConfig, *, target: str) -> str:
     hf = _version("transformers")
     d = cfg.to_dict()
-    values = {"fields": {k: d[k] for k in KEY_FIELDS}, "target": target, "files": _file_stamps(cfg),
+    files = _file_stamps(cfg.section("model"), cfg.section("data"))
+    values = {"fields": {k: d[k] for k in KEY_FIELDS}, "target": target, "files": files,
               "torch": _version("torch"), "transformers": hf, "trainfit": _source_digest(),
               "version": BASIS_VERSION, "batches": BASIS_BATCHES}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
@@ -254,18 +256,8 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
     ``trainfit.plan`` logger. Each traced pair is said there as it ends, ``plan: traced pair 3/8 (bf16-mixed, full,
     at 4.1 s)`` (a :func:`trainfit.progress.stage`), and the pairs read from the cache in one debug line."""
     wanted = list(dict.fromkeys(pairs))
-    pairs = list(dict.fromkeys((TRACED_AS.get(p, p), ck) for p, ck in wanted))
-    out = {}
-    missing = []
-    for p, ck in pairs:
-        cached = read_cached(cache_key(_pair_cfg(base_cfg, p, ck), target=target))
-        if cached is not None:
-            out[(p, ck)] = _as_cached(cached)
-        else:
-            missing.append((p, ck))
-    if out:
-        log.debug("plan: %d of %d (precision, checkpointing) pairs read from the cache %s", len(out), len(pairs),
-                  cache_dir())
+    out, missing = _read_cached_pairs(base_cfg, list(dict.fromkeys((TRACED_AS.get(p, p), ck) for p, ck in wanted)),
+                                      target=target)
     if not missing:
         return _with_aliases(out, wanted)
     tell = progress or (lambda msg: log.info("plan: " + msg))
@@ -278,16 +270,8 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
     first_here = not parallel or missing[0][1] != "none" or len([m for m in missing if m[1] == "none"]) < workers
     with stage("plan", len(missing), verb="traced pair", log=log) as pairs_done:
         if first_here:  # (without enough pairs free of checkpointing, one is traced here before the workers start)
-            first = missing.pop(0)
-            # nothing said at INFO before it: a model that cannot be traced is refused here in one line
-            log.debug("plan: tracing the basis of %s/%s first, here; %d more pairs after it", *first, len(missing))
-            out[first] = fast_basis(base_cfg, *first, target=target)  # a model that cannot be traced fails here
-            pairs_done.step(f"{first[0]}, {first[1]}, at {time.perf_counter() - t0:.1f} s")
-            workers = min(workers, len(missing))
-            if missing:
-                tell(f"traced the basis of {first[0]}/{first[1]} in {time.perf_counter() - t0:.1f} s; "
-                     f"{len(missing)} more (precision, checkpointing) pairs on {max(workers, 1)} "
-                     f"processes, cached in {cache_dir()} ...")
+            workers = _trace_first_here(base_cfg, missing, out, target=target, workers=workers, tell=tell,
+                                        pairs_done=pairs_done, t0=t0)
         else:
             # the model's library and the estimator imported, and the model's units counted, once here: the forked
             # workers start with them
@@ -295,18 +279,63 @@ def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | 
             tell(f"tracing the basis of {len(missing)} (precision, checkpointing) pairs on {workers} processes, "
                  f"cached in {cache_dir()} ...")
         if parallel and workers > 1:
-            ctx = multiprocessing.get_context("fork")
-            with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                started = {pool.submit(_traced, (base_cfg, *pair, target)): pair for pair in missing}
-                for done in concurrent.futures.as_completed(started):  # said as each worker finishes one
-                    pair = started[done]
-                    out[pair] = Basis(**done.result())
-                    pairs_done.step(f"{pair[0]}, {pair[1]}, at {time.perf_counter() - t0:.1f} s")
+            _trace_forked(base_cfg, missing, out, target=target, workers=workers, pairs_done=pairs_done, t0=t0)
         else:
             for pair in missing:
                 out[pair] = fast_basis(base_cfg, *pair, target=target)
-                pairs_done.step(f"{pair[0]}, {pair[1]}, at {time.perf_counter() - t0:.1f} s")
+                _said_traced(pairs_done, pair, t0)
     return _with_aliases(out, wanted)
+
+
+def _read_cached_pairs(base_cfg: RunConfig, pairs: list, *, target: str) -> tuple[dict, list]:
+    """(the bases of ``pairs`` already in the cache, by pair; the pairs that are not, in order), the cached
+    ones said in one debug line."""
+    out = {}
+    missing = []
+    for p, ck in pairs:
+        cached = read_cached(cache_key(_pair_cfg(base_cfg, p, ck), target=target))
+        if cached is not None:
+            out[(p, ck)] = _as_cached(cached)
+        else:
+            missing.append((p, ck))
+    if out:
+        log.debug("plan: %d of %d (precision, checkpointing) pairs read from the cache %s", len(out), len(pairs),
+                  cache_dir())
+    return out, missing
+
+
+def _said_traced(pairs_done: Stage, pair: tuple[str, str], t0: float) -> None:
+    """One more pair traced, said on ``pairs_done`` with the seconds since ``t0``."""
+    pairs_done.step(f"{pair[0]}, {pair[1]}, at {time.perf_counter() - t0:.1f} s")
+
+
+def _trace_first_here(base_cfg: RunConfig, missing: list, out: dict, *, target: str, workers: int,
+                      tell: Callable[[str], None], pairs_done: Stage, t0: float) -> int:
+    """Trace the first of ``missing`` in this process (taken off it, its basis put in ``out``) and say where the
+    rest go; returns the workers left for them (no more than the pairs)."""
+    first = missing.pop(0)
+    # nothing said at INFO before it: a model that cannot be traced is refused here in one line
+    log.debug("plan: tracing the basis of %s/%s first, here; %d more pairs after it", *first, len(missing))
+    out[first] = fast_basis(base_cfg, *first, target=target)  # a model that cannot be traced fails here
+    _said_traced(pairs_done, first, t0)
+    workers = min(workers, len(missing))
+    if missing:
+        tell(f"traced the basis of {first[0]}/{first[1]} in {time.perf_counter() - t0:.1f} s; "
+             f"{len(missing)} more (precision, checkpointing) pairs on {max(workers, 1)} "
+             f"processes, cached in {cache_dir()} ...")
+    return workers
+
+
+def _trace_forked(base_cfg: RunConfig, missing: list, out: dict, *, target: str, workers: int,
+                  pairs_done: Stage, t0: float) -> None:
+    """Trace ``missing`` on ``workers`` forked processes, each basis put in ``out`` and said as it comes back."""
+    ctx = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        started = {pool.submit(_traced, (base_cfg, *pair, target)): pair for pair in missing}
+        for done in concurrent.futures.as_completed(started):  # said as each worker finishes one
+            pair = started[done]
+            out[pair] = Basis(**done.result())
+            _said_traced(pairs_done, pair, t0)
 
 
 def _with_aliases(traced: dict, wanted: list) -> dict:

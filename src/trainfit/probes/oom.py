@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from trainfit.checkpoint import atomic_write_bytes
-from trainfit.config import RunConfig
+from trainfit.config import LeversSection, RunConfig, RunSection
 from trainfit.errors import TrainfitError
 from trainfit.outputs import mark_non_finite
 from trainfit.progress import inner
@@ -196,7 +196,7 @@ def snapshot(cfg: RunConfig, *, step: int = 1) -> dict:
             "top_modules": []}
 
 
-def paragraph(cfg: RunConfig, snap: dict, cap_bytes: int, base_peak: int, changes: list[Change],
+def paragraph(levers: LeversSection, snap: dict, cap_bytes: int, base_peak: int, changes: list[Change],
               best: Change | None, where: str) -> str:
     """The one-paragraph explanation (pure)."""
     parts = snap["parts"]
@@ -205,7 +205,7 @@ def paragraph(cfg: RunConfig, snap: dict, cap_bytes: int, base_peak: int, change
     top = snap.get("top_modules") or []
     tops = f"; top modules by activations: {', '.join(f'{n} {fmt_bytes(b)}' for n, b in top[:3])}" if top else ""
     split = ", ".join(f"{PART_LABELS[p]} {fmt_bytes(parts[p])}" for p in PARTS)
-    out = [f"out of memory {at} at micro-batch {cfg.micro_batch} x accumulation {cfg.accumulation} "
+    out = [f"out of memory {at} at micro-batch {levers.micro_batch} x accumulation {levers.accumulation} "
            f"(cap {fmt_bytes(cap_bytes)}): {fmt_bytes(snap['live_bytes'])} live = {split}; fullest: "
            f"{PART_LABELS[full]}{tops}."]
     priced = "; ".join(f"{c.lever} frees {fmt_bytes(max(c.frees_bytes, 0))} (peak {fmt_bytes(c.peak_bytes)})"
@@ -213,17 +213,18 @@ def paragraph(cfg: RunConfig, snap: dict, cap_bytes: int, base_peak: int, change
     out.append(f"Estimated for this model and shape (step peak {fmt_bytes(base_peak)}): {priced}.")
     if best is not None:
         out.append(f"Smallest change that fits under the cap, global batch kept "
-                   f"({int(cfg.micro_batch) * cfg.accumulation} samples per rank per step): {' '.join(best.flags)}.")
+                   f"({int(levers.micro_batch) * levers.accumulation} samples per rank per step): "
+                   f"{' '.join(best.flags)}.")
     else:
         out.append("No change tried fits: see `trainfit plan` (more devices, a sharding strategy, offload).")
     out.append(where)
     return " ".join(out)
 
 
-def device_cap(cfg: RunConfig) -> int:
+def device_cap(run: RunSection) -> int:
     """The limit that was hit: ``memory_cap``, else the CUDA device's memory (0 when unknown)."""
-    if cfg.memory_cap:
-        return cfg.memory_cap
+    if run.memory_cap:
+        return run.memory_cap
     if torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     return 0
@@ -236,7 +237,7 @@ def explain_oom(cfg: RunConfig, *, micro_batch: int, accumulation: int, step: in
         The paragraph (one line: the CLI prints it as its error).
     """
     failing = dataclasses.replace(cfg, micro_batch=micro_batch, accumulation=accumulation, global_batch=0)
-    cap = device_cap(failing)
+    cap = device_cap(failing.section("run"))
     snap = snapshot(failing, step=step) if devices == 1 else {"reproduced": False, "phase": None, "live_bytes": 0,
                                                    "parts": dict.fromkeys(PARTS, 0), "device_bytes": {},
                                                    "host_bytes": {}, "top_modules": []}
@@ -255,7 +256,7 @@ def explain_oom(cfg: RunConfig, *, micro_batch: int, accumulation: int, step: in
             atomic_write_bytes(path, (json.dumps(mark_non_finite(record), indent=1) + "\n").encode())
         except TrainfitError as e:  # the explanation still prints; the disk error concerns the snapshot only
             where = f"No snapshot written: {e}."
-    return paragraph(failing, snap, cap, base, changes, best, where)
+    return paragraph(failing.section("levers"), snap, cap, base, changes, best, where)
 
 
 __all__ = ["Change", "LEVER_ORDER", "MARGIN", "candidate_configs", "explain_oom", "paragraph", "price_changes",

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import os
 import statistics
@@ -337,17 +336,11 @@ def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], s
     faster, and one more than twice that faster cannot be below it. That keeps the probe to a couple of
     steps when one precision has no fast kernels here (tens of times slower).
     """
-    cfg, st = run.cfg, run.strategy
+    cfg = run.cfg
     chosen = str(cfg.precision)
-    if st.world_size > 1:
-        return {}, (f"not probed on {st.world_size} ranks (profile with strategy=single to compare "
-                    "precisions on one device)")
-    supported = supported_precisions(st.device)
-    if supported is None:
-        return {}, f"not probed: which precisions a {st.device.type} device runs is not known here"
-    candidates = precision_candidates(chosen, supported)
+    candidates, why_none = _precision_candidates_here(run, chosen)
     if not candidates:
-        return {}, f"no other precision that {st.device.type} supports needs no more memory than {chosen}"
+        return {}, why_none
     batches = step_batches(run, cfg.micro_batch, start_step=30_000)
     host = [next(batches) for _ in range(cfg.accumulation)]
     del batches
@@ -357,37 +350,10 @@ def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], s
     said = progress.Stage(log, "profile", len(candidates), verb="precision probe", every_s=1.0)
     for p in candidates:
         said.step(f"{p} against {chosen}, steps in turn")
-        other = None
-        try:
-            other = build_run(dataclasses.replace(cfg, precision=p), strategy=st)
-            # A first warm-up on one micro-batch: when even that takes WARMUP_CLEAR x the chosen precision's time
-            # per micro-batch, the candidate is not faster (a warm-up is at most a few times a steady step), so
-            # its full steps -- tens of times slower where a dtype has no fast kernel -- are not run.
-            mine_first = _compute_s(run, host) / len(host)
-            warm = _compute_s(other, host[:1])
-            if warm > WARMUP_CLEAR * mine_first:  # not timed further: no steady time to report for it
-                notes.append(f"{p}: its warm-up micro-batch took {warm * 1e3:,.0f} ms, {warm / mine_first:,.0f}x "
-                             f"{chosen}'s steady time per micro-batch, so it is not faster; no full step run")
-                continue
-            for _ in range(PRECISION_WARMUP):
-                _compute_s(other, host)
-            pair_mine, pair_other = [], []
-            for _ in range(opts.precision_steps):
-                pair_mine.append(_compute_s(run, host))
-                pair_other.append(_compute_s(other, host))
-                ratio = statistics.median(pair_mine) / statistics.median(pair_other)
-                if ratio <= 1.0 or ratio > 2 * PRECISION_SLOWER_THRESHOLD:
-                    break
-        except ConfigError as e:
-            notes.append(f"{p} not run ({e})")
+        pair = _probe_one_precision(run, p, chosen, host, opts, notes)
+        if pair is None:
             continue
-        except torch.OutOfMemoryError:
-            notes.append(f"{p} ran out of memory next to the {chosen} run")
-            continue
-        finally:
-            del other
-            if st.device.type == "cuda":
-                torch.cuda.empty_cache()
+        pair_mine, pair_other = pair
         mine += pair_mine
         times[str(p)] = statistics.median(pair_other)
         notes.append(f"{p}: {len(pair_other)} step(s)")
@@ -397,6 +363,74 @@ def probe_precision(run: Run, opts: ProfileOptions) -> tuple[dict[str, float], s
     return times, (f"{chosen} alternating with {', '.join(map(str, candidates))} (each in turn) on the same micro-batches "
                    f"after {PRECISION_WARMUP} warm-up step, up to {opts.precision_steps} steps each, stopped "
                    f"once the ratio is clear ({'; '.join(notes)}); data wait excluded")
+
+
+def _precision_candidates_here(run: Run, chosen: str) -> tuple[tuple[PrecisionName, ...], str]:
+    """(the precisions to step against ``chosen`` on this run's device, why there are none when empty)."""
+    st = run.strategy
+    if st.world_size > 1:
+        return (), (f"not probed on {st.world_size} ranks (profile with strategy=single to compare "
+                    "precisions on one device)")
+    supported = supported_precisions(st.device)
+    if supported is None:
+        return (), f"not probed: which precisions a {st.device.type} device runs is not known here"
+    candidates = precision_candidates(chosen, supported)
+    if not candidates:
+        return candidates, f"no other precision that {st.device.type} supports needs no more memory than {chosen}"
+    return candidates, ""
+
+
+def _probe_one_precision(run: Run, p: PrecisionName, chosen: str, host: list, opts: ProfileOptions,
+                         notes: list[str]) -> tuple[list[float], list[float]] | None:
+    """(``run``'s step seconds in its precision ``chosen``, ``p``'s) alternating on ``host``, with ``p``'s run built
+    next to ``run`` and freed after; None, with the reason added to ``notes``, when ``p`` was not timed."""
+    st = run.strategy
+    other = None
+    try:
+        other = build_run(dataclasses.replace(run.cfg, precision=p), strategy=st)
+        if not _warms_up_in_time(run, other, host, p, chosen, notes):
+            return None
+        for _ in range(PRECISION_WARMUP):
+            _compute_s(other, host)
+        return _alternate_steps(run, other, host, opts.precision_steps)
+    except ConfigError as e:
+        notes.append(f"{p} not run ({e})")
+        return None
+    except torch.OutOfMemoryError:
+        notes.append(f"{p} ran out of memory next to the {chosen} run")
+        return None
+    finally:
+        del other
+        if st.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _warms_up_in_time(run: Run, other: Run, host: list, p: PrecisionName, chosen: str, notes: list[str]) -> bool:
+    """Whether ``other`` (precision ``p``) may be faster than ``run`` (precision ``chosen``), from a first warm-up
+    on one micro-batch. When even that takes WARMUP_CLEAR x the chosen precision's time per micro-batch, the
+    candidate is not faster (a warm-up is at most a few times a steady step), so its full steps -- tens of times
+    slower where a dtype has no fast kernel -- are not run (a note says so: no steady time to report for it)."""
+    mine_first = _compute_s(run, host) / len(host)
+    warm = _compute_s(other, host[:1])
+    if warm > WARMUP_CLEAR * mine_first:
+        notes.append(f"{p}: its warm-up micro-batch took {warm * 1e3:,.0f} ms, {warm / mine_first:,.0f}x "
+                     f"{chosen}'s steady time per micro-batch, so it is not faster; no full step run")
+        return False
+    return True
+
+
+def _alternate_steps(run: Run, other: Run, host: list, steps: int) -> tuple[list[float], list[float]]:
+    """Up to ``steps`` steps of ``run`` and ``other`` in turn on ``host``: their seconds, stopped once the ratio
+    is clear (``other`` no faster, or more than twice ``PRECISION_SLOWER_THRESHOLD`` faster)."""
+    pair_mine: list[float] = []
+    pair_other: list[float] = []
+    for _ in range(steps):
+        pair_mine.append(_compute_s(run, host))
+        pair_other.append(_compute_s(other, host))
+        ratio = statistics.median(pair_mine) / statistics.median(pair_other)
+        if ratio <= 1.0 or ratio > 2 * PRECISION_SLOWER_THRESHOLD:
+            break
+    return pair_mine, pair_other
 
 
 def _budget(run: Run) -> tuple[int | None, str]:
@@ -461,73 +495,188 @@ def _fit_micro_batch(run: Run, m: int, max_micro_batch: int = 1024) -> tuple[int
 
 
 def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileReport:
-    """Profile ``run`` (from ``train.build_run``); ``.to_dict()`` of the report is ``trainfit profile --json``."""
-    cfg, st = run.cfg, run.strategy
+    """Profile ``run`` (from ``train.build_run``); ``.to_dict()`` of the report is ``trainfit profile --json``.
+
+    In turn: the timed steps (after the one that compiles, under ``--compile``), the device's peak FLOP/s, the
+    device timeline, the batch probe, the precision probe and the scale-out prediction; then the advice on them.
+    """
+    cfg = run.cfg
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "a number for profiling", "pass --micro-batch N")
     flops = task_flop_counter(run.task, cfg.checkpointing)
     batches = step_batches(run, cfg.micro_batch)
+    timed = _timed_steps(run, batches, options, flops)
+    times = _StepTimes.of(timed.rows)
+    peak = _peak(run)
+    work = _StepFlops.of(timed.rows)
+    busy, trace = _busy(run, batches, options, times.frac)
+    batch = _batch_probe_and_fit(run, options)
+    precision = _precision_probe_if_asked(run, options)
+    scaling = _predict_scaling(run, options, timed.rows, times.med["backward_s"])
+    advised = _advise_on(run, options, times.frac, batch, precision[0], scaling)
+    return _report(run, options, timed=timed, times=times, peak=peak, work=work, flops=flops, busy=busy,
+                   trace=trace, batch=batch, precision=precision, scaling=scaling, advised=advised)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Timed:
+    """The profiled steps: a row per timed step, and what ``--compile`` cost."""
+
+    rows: list[dict]
+    first_s: float | None
+    """Seconds of the first step, which compiled the graphs (None without ``--compile``)."""
+    graphs: int | None
+    """Graphs compiled by that first step."""
+    recompiles: int | None
+    """Graphs compiled during the warm-up and timed steps."""
+
+
+def _timed_steps(run: Run, batches, options: ProfileOptions, flops: FlopCounter) -> _Timed:
+    """The warm-up and timed steps; under ``--compile`` the first step, which compiles, is timed on its own first."""
+    cfg = run.cfg
     first_s = graphs = None
-    say = functools.partial(progress.say, log)
-    if run.compiled:  # the first step compiles: timed on its own, apart from the warm-up and timed steps
-        say("profile: first step, which compiles the graphs (--compile) ...")
+    if run.compiled:
+        progress.say(log, "profile: first step, which compiles the graphs (--compile) ...")
         first_s = run_steps(run, batches, steps=1, warmup=0)[0]["step_s"]
         graphs = run.compiled.graphs()
-    say("profile: %d warm-up and %d timed steps of %s (micro-batch %s x accumulation %d) ...", options.warmup,
-        options.steps, cfg.model, cfg.micro_batch, cfg.accumulation)
+    progress.say(log, "profile: %d warm-up and %d timed steps of %s (micro-batch %s x accumulation %d) ...",
+                 options.warmup, options.steps, cfg.model, cfg.micro_batch, cfg.accumulation)
     rows = run_steps(run, batches, steps=options.steps, warmup=options.warmup, flops=flops, said=True)
     recompiles = run.compiled.graphs() - graphs if run.compiled else None  # before the probes build other runs
-    parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}
-    med = {k: v["median"] for k, v in parts.items()}
-    total_s = sum(r["step_s"] for r in rows)
-    frac = {k: sum(r[k] for r in rows) / total_s for k in PARTS}
-    peak, dtype, peak_source = _peak(run)
-    counted = [r for r in rows if "model_flops" in r]  # steps whose every batch shape was counted
-    model_flops = statistics.median(r["model_flops"] for r in counted)
-    hw_flops = statistics.median(r["hardware_flops"] for r in counted)
-    counted_s = sum(r["step_s"] for r in counted)
-    achieved = sum(r["model_flops"] for r in counted) / counted_s
-    achieved_hw = sum(r["hardware_flops"] for r in counted) / counted_s
+    return _Timed(rows=rows, first_s=first_s, graphs=graphs, recompiles=recompiles)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StepTimes:
+    """Where the timed steps' time went."""
+
+    parts: dict[str, dict[str, float]]
+    """Each part's spread over the steps (:func:`_spread`)."""
+    med: dict[str, float]
+    """Each part's median."""
+    total_s: float
+    """Seconds of all the timed steps."""
+    frac: dict[str, float]
+    """Each of :data:`PARTS`' share of ``total_s``."""
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> _StepTimes:
+        parts = {k: _spread([r[k] for r in rows]) for k in (*PARTS, "comm_explicit_s", "grad_sync_exposed_s")}
+        total_s = sum(r["step_s"] for r in rows)
+        return cls(parts=parts, med={k: v["median"] for k, v in parts.items()}, total_s=total_s,
+                   frac={k: sum(r[k] for r in rows) / total_s for k in PARTS})
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StepFlops:
+    """The FLOPs of the steps whose every batch shape was counted."""
+
+    steps: int
+    model: float
+    """Median model FLOPs per step."""
+    hardware: float
+    """Median hardware FLOPs per step (recompute included)."""
+    achieved: float
+    """Model FLOP/s over those steps."""
+    achieved_hw: float
+    """Hardware FLOP/s over those steps."""
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> _StepFlops:
+        counted = [r for r in rows if "model_flops" in r]  # steps whose every batch shape was counted
+        model_flops = statistics.median(r["model_flops"] for r in counted)
+        hw_flops = statistics.median(r["hardware_flops"] for r in counted)
+        counted_s = sum(r["step_s"] for r in counted)
+        return cls(steps=len(counted), model=model_flops, hardware=hw_flops,
+                   achieved=sum(r["model_flops"] for r in counted) / counted_s,
+                   achieved_hw=sum(r["hardware_flops"] for r in counted) / counted_s)
+
+
+def _busy(run: Run, batches, options: ProfileOptions, frac: dict[str, float]) -> tuple[float, str | None]:
+    """(device busy fraction, trace path): from the device timeline on CUDA or when a trace is asked for (a few
+    more steps); on CPU the share of the step spent computing."""
     busy, trace = (None, None)
-    if st.device.type == "cuda" or options.trace_dir:
-        say("profile: %d more steps under torch.profiler (device timeline%s) ...", min(3, options.steps),
-            ", trace written" if options.trace_dir else "")
+    if run.strategy.device.type == "cuda" or options.trace_dir:
+        progress.say(log, "profile: %d more steps under torch.profiler (device timeline%s) ...",
+                     min(3, options.steps), ", trace written" if options.trace_dir else "")
         busy, trace = _timeline(run, batches, min(3, options.steps), options.trace_dir)
     if busy is None:  # CPU: share of the step spent computing
         busy = frac["h2d_s"] + frac["forward_s"] + frac["backward_s"] + frac["optimizer_s"]
+    return busy, trace
 
-    gain, rates, probe_note = (None, None, "not probed")
+
+@dataclass(frozen=True, kw_only=True)
+class _BatchFindings:
+    """What the batch probe found, and the micro-batch fitted to memory when a larger one was faster enough."""
+
+    gain: float | None = None
+    rates: tuple | None = None
+    note: str = "not probed"
+    suggested: int | None = None
+    fit_note: str = ""
+
+
+def _batch_probe_and_fit(run: Run, options: ProfileOptions) -> _BatchFindings:
+    """The batch probe (when ``options.batch_probe``); when 2x the micro-batch is faster by more than the
+    threshold, the largest micro-batch that fits memory (measured memory reports)."""
+    m = run.cfg.micro_batch
+    if not options.batch_probe:
+        return _BatchFindings()
+    progress.say(log, "profile: batch probe: steps at micro-batch %s and %s in turn ...", m, 2 * m)
+    gain, rates, probe_note = _probe_batch(run, options)
     suggested, fit_note = None, ""
-    if options.batch_probe:
-        say("profile: batch probe: steps at micro-batch %s and %s in turn ...", cfg.micro_batch, 2 * cfg.micro_batch)
-        gain, rates, probe_note = _probe_batch(run, options)
-        if gain is not None and gain > options.thresholds.batch_gain:
-            say("profile: the larger micro-batch is %.0f%% faster: fitting the micro-batch to memory (measured "
-                "memory reports) ...", 100 * gain)
-            with progress.inner():  # each memory report's own lines are debug
-                suggested, fit_note = _fit_micro_batch(run, cfg.micro_batch)
-    precision_times, precision_note = ({}, "not probed")
+    if gain is not None and gain > options.thresholds.batch_gain:
+        progress.say(log, "profile: the larger micro-batch is %.0f%% faster: fitting the micro-batch to memory "
+                     "(measured memory reports) ...", 100 * gain)
+        with progress.inner():  # each memory report's own lines are debug
+            suggested, fit_note = _fit_micro_batch(run, m)
+    return _BatchFindings(gain=gain, rates=rates, note=probe_note, suggested=suggested, fit_note=fit_note)
+
+
+def _precision_probe_if_asked(run: Run, options: ProfileOptions) -> tuple[dict[str, float], str]:
+    """:func:`probe_precision` when asked for and the run is eager; else no times, and why."""
     if options.precision_probe and run.compiled:  # each candidate would compile its own graphs first
-        precision_note = "not probed under --compile (each precision compiles its own graphs; compare eagerly)"
-    elif options.precision_probe:
-        precision_times, precision_note = probe_precision(run, options)
-    say("profile: predicting scale-out (%s) ...", "bandwidth given" if options.bandwidth_bytes_per_s is not None
-        else "measuring the interconnect bandwidth")
+        return {}, "not probed under --compile (each precision compiles its own graphs; compare eagerly)"
+    if options.precision_probe:
+        return probe_precision(run, options)
+    return {}, "not probed"
+
+
+def _predict_scaling(run: Run, options: ProfileOptions, rows: list[dict], backward_s: float) -> dict:
+    """Scale-out curves (:func:`~trainfit.probes.scaleout.scaling`) from the timed steps' compute time."""
+    progress.say(log, "profile: predicting scale-out (%s) ...", "bandwidth given"
+                 if options.bandwidth_bytes_per_s is not None else "measuring the interconnect bandwidth")
     samples = [r["step_s"] - r["data_wait_s"] - r["comm_exposed_s"] for r in rows]  # per-step compute
     compute_s = statistics.median(samples)
     # On one process the accumulation window skips its token-count all-reduce; n > 1 ranks run it.
-    collectives = max(r["collectives"] for r in rows) + (st.world_size == 1)
-    scaling = scaleout.scaling(run, options, compute_s, med["backward_s"], samples, collectives)
-    unit = run.task.unit
+    collectives = max(r["collectives"] for r in rows) + (run.strategy.world_size == 1)
+    return scaleout.scaling(run, options, compute_s, backward_s, samples, collectives)
+
+
+def _advise_on(run: Run, options: ProfileOptions, frac: dict[str, float], batch: _BatchFindings,
+               precision_times: dict[str, float], scaling: dict) -> tuple[str, list]:
+    """(bottleneck, advice) from what the profile measured (:func:`~trainfit.probes.advice.advise`)."""
+    cfg, st = run.cfg, run.strategy
     findings = Findings(data_wait_frac=frac["data_wait_s"], comm_exposed_frac=frac["comm_exposed_s"],
                         h2d_frac=frac["h2d_s"], loader_workers=cfg.loader_workers, device_type=st.device.type,
                         world_size=st.world_size, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
-                        batch_gain=gain, rate_unit=unit, rates=rates, suggested_micro_batch=suggested,
-                        fit_note=fit_note, scaling_note=scaleout.scaling_note(scaling),
-                        precision=str(cfg.precision), precision_times=precision_times,
-                        device_label=device_label(st.device), data_source=data_source(run.task),
-                        data=cfg.data, cpu_count=os.cpu_count() or 0)
-    bottleneck, advice = advise(findings, options.thresholds)
+                        batch_gain=batch.gain, rate_unit=run.task.unit, rates=batch.rates,
+                        suggested_micro_batch=batch.suggested, fit_note=batch.fit_note,
+                        scaling_note=scaleout.scaling_note(scaling), precision=str(cfg.precision),
+                        precision_times=precision_times, device_label=device_label(st.device),
+                        data_source=data_source(run.task), data=cfg.data, cpu_count=os.cpu_count() or 0)
+    return advise(findings, options.thresholds)
+
+
+def _report(run: Run, options: ProfileOptions, *, timed: _Timed, times: _StepTimes, peak: tuple,
+            work: _StepFlops, flops: FlopCounter, busy: float, trace: str | None, batch: _BatchFindings,
+            precision: tuple[dict[str, float], str], scaling: dict, advised: tuple[str, list]) -> ProfileReport:
+    """The :class:`~trainfit.results.ProfileReport` of what :func:`profile` measured."""
+    cfg, st = run.cfg, run.strategy
+    rows, med, frac, total_s = timed.rows, times.med, times.frac, times.total_s
+    peak_flops, dtype, peak_source = peak
+    bottleneck, advice = advised
+    unit = run.task.unit
     items_per_s = sum(r["count"] for r in rows) / total_s
     return ProfileReport(
         data_wait_frac=frac["data_wait_s"], data_wait_s=med["data_wait_s"], h2d_s=med["h2d_s"],
@@ -535,20 +684,21 @@ def profile(run: Run, options: ProfileOptions = ProfileOptions()) -> ProfileRepo
         comm_exposed_s=med["comm_exposed_s"], rest_s=med["rest_s"], step_s=med["step_s"],
         busy_frac=busy, tokens_per_s=items_per_s if unit == "tokens" else None,
         samples_per_s=sum(r["samples"] for r in rows) / total_s,
-        mfu=achieved / peak if peak else None, hfu=achieved_hw / peak if peak else None,
+        mfu=work.achieved / peak_flops if peak_flops else None,
+        hfu=work.achieved_hw / peak_flops if peak_flops else None,
         bottleneck=bottleneck, advice=tuple(Advice.from_dict(a) for a in advice),
-        unit=unit, per_device=True, parts=parts, fractions=frac,
-        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
-        flops_counted_on=flops.device.type, flops_steps=len(counted),
-        peak_flops=peak, peak_dtype=dtype, peak_source=peak_source,
-        batch_probe=BatchProbe(micro_batch=cfg.micro_batch, gain=gain, rates_per_s=rates, note=probe_note,
-                               suggested_micro_batch=suggested, fit=fit_note),
-        scaling=scaling, precision_probe=precision_times, precision_probe_note=precision_note,
+        unit=unit, per_device=True, parts=times.parts, fractions=frac,
+        model_flops_per_step=work.model, hardware_flops_per_step=work.hardware,
+        flops_counted_on=flops.device.type, flops_steps=work.steps,
+        peak_flops=peak_flops, peak_dtype=dtype, peak_source=peak_source,
+        batch_probe=BatchProbe(micro_batch=cfg.micro_batch, gain=batch.gain, rates_per_s=batch.rates,
+                               note=batch.note, suggested_micro_batch=batch.suggested, fit=batch.fit_note),
+        scaling=scaling, precision_probe=precision[0], precision_probe_note=precision[1],
         grad_sync_separable=st.world_size == 1 or cfg.accumulation >= 2,
         device=str(st.device), world_size=st.world_size, rank=st.rank, strategy=cfg.strategy,
         steps=options.steps, warmup=options.warmup, trace=trace, threads=torch.get_num_threads(),
         model=cfg.model, precision=str(cfg.precision), checkpointing=cfg.checkpointing.spec,
         accumulation=cfg.accumulation,
-        compile_s=max(0.0, first_s - med["step_s"]) if first_s is not None else None,
-        compile_graphs=graphs, recompiles=recompiles,
+        compile_s=max(0.0, timed.first_s - med["step_s"]) if timed.first_s is not None else None,
+        compile_graphs=timed.graphs, recompiles=timed.recompiles,
     )

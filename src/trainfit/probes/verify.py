@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainfit.config import RunConfig
+from trainfit.config import LeversSection, ModelSection, RunConfig, RunSection
 from trainfit.data import global_indices, rank_micro_batches
 from trainfit.errors import ConfigError, TrainfitError
 from trainfit.levers.schedule import lr_factor
@@ -39,7 +39,7 @@ from trainfit.results import VerifyReport  # the result type; also importable fr
 from trainfit.run import Run, build_run, make_optimizer
 from trainfit.strategies import Strategy, fit_to_world, make_strategy
 from trainfit.tasks.base import to_device
-from trainfit.vocabulary import Tolerance, precision_facts
+from trainfit.vocabulary import PrecisionName, Tolerance, precision_facts
 
 MAX_ATTEMPTS = 16
 """Overflowing attempts tolerated (each halves the loss scale) before giving up."""
@@ -127,7 +127,7 @@ def optimizer_update(cfg: RunConfig, model: nn.Module, init: list[torch.Tensor],
     with torch.no_grad():
         for p, a in zip(params, init):
             p.copy_(a)
-    opt = make_optimizer(cfg, params, model=copy_)  # the same groups: no decay on biases, norms, embeddings
+    opt = make_optimizer(cfg.section("schedule"), params, model=copy_)  # the same groups: no decay on biases, norms, embeddings
     first_lr = cfg.lr * lr_factor(0, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
                                   lr=cfg.lr, min_lr=cfg.min_lr)  # the run's first step is at the schedule's start
     for group in opt.param_groups:
@@ -198,28 +198,74 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
     strategy = strategy or make_strategy(cfg)
     cfg = fit_to_world(cfg, strategy.world_size)  # global_batch -> this rank's accumulation
     run = build_run(cfg, strategy=strategy)
-    st, task, prec = run.strategy, run.task, run.precision
+    task, world = run.task, run.strategy.world_size
+    levers, run_section = cfg.section("levers"), cfg.section("run")
     ds = task.dataset()
-    world = st.world_size
     global_batch = cfg.micro_batch * cfg.accumulation * world
 
-    # The reference: fp32, one device, same seed -> same initial weights (checked below).
-    ref = task.build_model().float()
-    ref_params = list(ref.parameters())
-    init = [p.detach().clone() for p in ref_params]
-    params = prec.optimizer_params(run.model)
-    before = [_full(p).float() for p in params]
-    if len(before) != len(init) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(before, init)):
-        raise TrainfitError(
-            f"verify: model {cfg.model!r} does not build the same initial weights twice from seed {cfg.seed}; "
-            "seed its initialisation inside the factory so the reference starts from the same point")
-
+    # The reference: fp32, one device, same seed -> same initial weights (checked).
+    ref, init, params, before = _reference_model(cfg.section("model"), run_section, run)
     idx = global_indices(0, global_batch, len(ds), cfg.seed)
-    big = task.collate([ds[i] for i in idx])
-    ref_grads = reference_grads(ref, task, [big])
+    ref_grads = reference_grads(ref, task, [task.collate([ds[i] for i in idx])])
     ref_update = optimizer_update(cfg, ref, init, ref_grads)
 
     # The configured step, observed from outside: capture gradients right after unscaling.
+    captured, stepped, skipped, scale = _observed_step(run, params, _rank_micro_batches(levers, run_section, run, ds))
+    grads = captured if captured is not None else [torch.zeros_like(g) for g in ref_grads]
+    update = [_full(p).float() - b for p, b in zip(params, before)]
+    gap = _gap(cfg.precision, grads, ref_grads, update, ref_update, stepped=stepped, skipped=skipped, scale=scale)
+    ok, extra = gap.ok, {}
+    if _only_the_update_outside(cfg.precision, gap):
+        # Only the update is outside the tolerance: judge it against this call's noise floor instead.
+        floor = update_noise_floor(cfg, ref, init, task, [ds[i] for i in idx], ref_grads=ref_grads,
+                                   ref_update=ref_update, run_grads=grads)
+        extra = floor.to_dict()
+        ok = gap.upd_rel <= floor.bound
+    causes = [] if ok else _diagnose(levers, run_section, run, ref, init, ds, gap)
+    return VerifyReport(precision=cfg.precision, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
+                        accumulation=cfg.accumulation, world_size=world, global_batch=global_batch,
+                        grad_cosine=gap.cos, grad_rel_error=gap.grad_rel, grad_norm_ratio=gap.ratio,
+                        update_max_rel_error=gap.upd_rel, skipped_steps=skipped,
+                        fp16_underflow_frac=fp16_underflow_fraction(ref_grads), loss_scale=scale,
+                        tolerance=gap.tol, passed=ok, causes=tuple(causes), checkpointing=cfg.checkpointing.spec,
+                        compiled=run.compiled is not None, extra=extra)
+
+
+def _reference_model(model_section: ModelSection, run_section: RunSection,
+                     run: Run) -> tuple[nn.Module, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """(the fp32 reference model, its initial weights, the run's optimizer parameters, their full fp32 values
+    before the step).
+
+    Raises:
+        TrainfitError: the run's model does not start from the reference's weights.
+    """
+    ref = run.task.build_model().float()
+    ref_params = list(ref.parameters())
+    init = [p.detach().clone() for p in ref_params]
+    params = run.precision.optimizer_params(run.model)
+    before = [_full(p).float() for p in params]
+    if len(before) != len(init) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(before, init)):
+        raise TrainfitError(
+            f"verify: model {model_section.model!r} does not build the same initial weights twice from seed "
+            f"{run_section.seed}; seed its initialisation inside the factory so the reference starts from the same "
+            "point")
+    return ref, init, params, before
+
+
+def _rank_micro_batches(levers: LeversSection, run_section: RunSection, run: Run, ds) -> list:
+    """This rank's micro-batches of the first step, on its device (the samples training would give it)."""
+    st = run.strategy
+    local_idx = rank_micro_batches(0, micro_batch=levers.micro_batch, accumulation=levers.accumulation, rank=st.rank,
+                                   world_size=st.world_size, dataset_size=len(ds), seed=run_section.seed)
+    return [to_device(run.task.collate([ds[i] for i in mb]), st.device) for mb in local_idx]
+
+
+def _observed_step(run: Run, params: list[torch.Tensor],
+                   mbs: list) -> tuple[list[torch.Tensor] | None, bool, int, float]:
+    """Step ``run`` once on ``mbs``, an overflowing attempt retried on the same data as training would, with the
+    gradients of ``params`` captured right after unscaling: (the last attempt's gradients, or None when none was
+    captured; whether it stepped; the attempts skipped; the loss scale of the last attempt)."""
+    prec = run.precision
     captured: list[list[torch.Tensor]] = []
     original = prec.unscale_and_check
 
@@ -229,9 +275,6 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
         return ok
 
     prec.unscale_and_check = observed_unscale
-    local_idx = rank_micro_batches(0, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation, rank=st.rank,
-                                   world_size=world, dataset_size=len(ds), seed=cfg.seed)
-    mbs = [to_device(task.collate([ds[i] for i in mb]), st.device) for mb in local_idx]
     skipped, stepped, scale = 0, False, prec.loss_scale
     try:
         for _ in range(MAX_ATTEMPTS):
@@ -245,40 +288,56 @@ def verify(cfg: RunConfig, *, strategy: Strategy | None = None) -> VerifyReport:
                 break  # without a scaler a retry would overflow the same way
     finally:
         prec.unscale_and_check = original
-    grads = captured[-1] if captured else [torch.zeros_like(g) for g in ref_grads]
-    update = [_full(p).float() - b for p, b in zip(params, before)]
+    return (captured[-1] if captured else None), stepped, skipped, scale
 
+
+@dataclass(frozen=True, kw_only=True)
+class _Gap:
+    """How far the configured step is from the reference, and what the precision's tolerance says of it."""
+
+    g: torch.Tensor
+    """The configured step's gradient, flat."""
+    cos: float
+    grad_rel: float
+    ratio: float
+    """||g|| / ||g_ref||."""
+    upd_rel: float
+    """Worst per-tensor relative error of the update (inf when the step never ran)."""
+    tol: Tolerance
+    ok: bool
+    """Within the precision's tolerance."""
+    stepped: bool
+    skipped: int
+    scale: float
+    """The loss scale of the last attempt."""
+
+
+def _gap(precision: PrecisionName, grads: list[torch.Tensor], ref_grads: list[torch.Tensor], update: list[torch.Tensor],
+         ref_update: list[torch.Tensor], *, stepped: bool, skipped: int, scale: float) -> _Gap:
+    """Compare the configured step's gradients and update with the reference's, judged in ``precision``."""
     g, gr = flat(grads), flat(ref_grads)
     cos, grad_rel = cosine(g, gr), rel_error(g, gr)
     ratio = float(g.norm()) / max(float(gr.norm()), 1e-300)
     upd_rel = update_rel_error(update, ref_update) if stepped else math.inf
-    tol, ok = judge(precision=cfg.precision, cos=cos, grad_rel=grad_rel, upd_rel=upd_rel, stepped=stepped)
-    extra: dict = {}
-    if stepped and not ok and upd_rel > tol.max_update_rel_error and judge(
-            precision=cfg.precision, cos=cos, grad_rel=grad_rel, upd_rel=0.0, stepped=True)[1]:
-        # Only the update is outside the tolerance: judge it against this call's noise floor instead.
-        floor = update_noise_floor(cfg, ref, init, task, [ds[i] for i in idx], ref_grads=ref_grads,
-                                   ref_update=ref_update, run_grads=grads)
-        extra = floor.to_dict()
-        ok = upd_rel <= floor.bound
-    causes = [] if ok else _diagnose(cfg, run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped,
-                                     cos, grad_rel, upd_rel, tol)
-    return VerifyReport(precision=cfg.precision, strategy=cfg.strategy, micro_batch=cfg.micro_batch,
-                        accumulation=cfg.accumulation, world_size=world, global_batch=global_batch,
-                        grad_cosine=cos, grad_rel_error=grad_rel, grad_norm_ratio=ratio,
-                        update_max_rel_error=upd_rel, skipped_steps=skipped,
-                        fp16_underflow_frac=fp16_underflow_fraction(ref_grads), loss_scale=scale,
-                        tolerance=tol, passed=ok, causes=tuple(causes), checkpointing=cfg.checkpointing.spec,
-                        compiled=run.compiled is not None, extra=extra)
+    tol, ok = judge(precision=precision, cos=cos, grad_rel=grad_rel, upd_rel=upd_rel, stepped=stepped)
+    return _Gap(g=g, cos=cos, grad_rel=grad_rel, ratio=ratio, upd_rel=upd_rel, tol=tol, ok=ok, stepped=stepped,
+                skipped=skipped, scale=scale)
 
 
-def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, scale, stepped, skipped, cos, grad_rel, upd_rel,
-              tol) -> list[str]:
+def _only_the_update_outside(precision: PrecisionName, gap: _Gap) -> bool:
+    """The step ran and only its update is outside the tolerance (the gradient is inside it)."""
+    return (gap.stepped and not gap.ok and gap.upd_rel > gap.tol.max_update_rel_error
+            and judge(precision=precision, cos=gap.cos, grad_rel=gap.grad_rel, upd_rel=0.0, stepped=True)[1])
+
+
+def _diagnose(levers: LeversSection, run_section: RunSection, run: Run, ref, init, ds, gap: _Gap) -> list[str]:
     """Test the known failure hypotheses against the reference; most specific first."""
     causes = []
-    if not stepped:
-        causes.append(f"all {skipped} attempts were skipped (non-finite gradients or loss) with precision="
-                      f"{cfg.precision}; the step never ran")
+    ratio, scale = gap.ratio, gap.scale
+    n_micro_batches = levers.accumulation * run.strategy.world_size  # micro-batches over all ranks
+    if not gap.stepped:
+        causes.append(f"all {gap.skipped} attempts were skipped (non-finite gradients or loss) with precision="
+                      f"{levers.precision}; the step never ran")
         return causes
     if run.precision.scales_loss and near_ratio(ratio, scale):
         causes.append(f"gradients reach the optimizer still multiplied by the loss scale (norm {ratio:.4g}x the "
@@ -286,37 +345,43 @@ def _diagnose(cfg: RunConfig, run: Run, ref, init, st, task, ds, g, gr, ratio, s
     elif run.precision.scales_loss and near_ratio(ratio, 1 / scale):
         causes.append(f"gradients are divided by the loss scale twice (norm {ratio:.3g}x the reference, "
                       f"1/scale = {1 / scale:.3g}): unscaled more than once")
-    # Mean of means: rebuild all ranks' micro-batches and see whether the configured
-    # gradient is that quantity rather than the big-batch one.
-    if cfg.accumulation * st.world_size > 1:
-        model = copy.deepcopy(ref)
-        with torch.no_grad():
-            for p, a in zip(model.parameters(), init):
-                p.copy_(a)
-        mbs = [task.collate([ds[i] for i in mb])
-               for r in range(st.world_size)
-               for mb in rank_micro_batches(0, micro_batch=cfg.micro_batch, accumulation=cfg.accumulation, rank=r,
-                                            world_size=st.world_size, dataset_size=len(ds), seed=cfg.seed)]
-        mom = flat(mean_of_means_grads(model, task, mbs))
-        per_mb = flat(reference_grads(model, task, mbs))  # correct normalisation, split the same way
-        err_mom = rel_error(g, mom)
-        # Only a hypothesis when it differs from the correct split (equal counts make them equal).
-        if err_mom < grad_rel / 3 and rel_error(mom, per_mb) > tol.max_grad_rel_error:
-            causes.append(
-                f"mis-normalised accumulation: the gradient matches a mean of per-micro-batch means (relative "
-                f"error {err_mom:.2e}) rather than the big-batch gradient ({grad_rel:.2e}); micro-batches hold "
-                "different numbers of loss tokens (padding), so each micro-batch's loss sum must be divided by the "
-                "whole window's token count, not averaged per micro-batch")
-    if not causes and near_ratio(ratio, cfg.accumulation * st.world_size, 1.2) and cfg.accumulation * st.world_size > 1:
+    if n_micro_batches > 1:
+        causes += _mean_of_means(levers, run_section, run, ref, init, ds, gap)
+    if not causes and near_ratio(ratio, n_micro_batches, 1.2) and n_micro_batches > 1:
         causes.append(f"gradient norm is {ratio:.3g}x the reference (= micro-batches x ranks): losses are summed over "
                       "the window without dividing by its token count")
-    if not causes and run.batchnorm and cfg.accumulation > 1:
+    if not causes and run.batchnorm and levers.accumulation > 1:
         causes.append(f"BatchNorm layers ({', '.join(run.batchnorm)}) normalise over each micro-batch, so "
-                      f"accumulation={cfg.accumulation} cannot equal one big batch; use accumulation=1 or "
+                      f"accumulation={levers.accumulation} cannot equal one big batch; use accumulation=1 or "
                       "GroupNorm/LayerNorm")
     if not causes:
+        tol = gap.tol
         causes.append(
-            f"gradients or update outside the {cfg.precision} tolerance (cosine {cos:.6f} >= {tol.min_cosine}, "
-            f"relative error {grad_rel:.2e} <= {tol.max_grad_rel_error}, update error {upd_rel:.2e} <= "
+            f"gradients or update outside the {levers.precision} tolerance (cosine {gap.cos:.6f} >= {tol.min_cosine}, "
+            f"relative error {gap.grad_rel:.2e} <= {tol.max_grad_rel_error}, update error {gap.upd_rel:.2e} <= "
             f"{tol.max_update_rel_error} required); no known cause matched")
     return causes
+
+
+def _mean_of_means(levers: LeversSection, run_section: RunSection, run: Run, ref, init, ds, gap: _Gap) -> list[str]:
+    """The mis-normalised accumulation cause, when it fits: all ranks' micro-batches rebuilt, the configured
+    gradient is a mean of per-micro-batch means rather than the big-batch gradient."""
+    task, world = run.task, run.strategy.world_size
+    model = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p, a in zip(model.parameters(), init):
+            p.copy_(a)
+    mbs = [task.collate([ds[i] for i in mb])
+           for r in range(world)
+           for mb in rank_micro_batches(0, micro_batch=levers.micro_batch, accumulation=levers.accumulation, rank=r,
+                                        world_size=world, dataset_size=len(ds), seed=run_section.seed)]
+    mom = flat(mean_of_means_grads(model, task, mbs))
+    per_mb = flat(reference_grads(model, task, mbs))  # correct normalisation, split the same way
+    err_mom = rel_error(gap.g, mom)
+    # Only a hypothesis when it differs from the correct split (equal counts make them equal).
+    if err_mom < gap.grad_rel / 3 and rel_error(mom, per_mb) > gap.tol.max_grad_rel_error:
+        return [(f"mis-normalised accumulation: the gradient matches a mean of per-micro-batch means (relative "
+                 f"error {err_mom:.2e}) rather than the big-batch gradient ({gap.grad_rel:.2e}); micro-batches hold "
+                 "different numbers of loss tokens (padding), so each micro-batch's loss sum must be divided by the "
+                 "whole window's token count, not averaged per micro-batch")]
+    return []

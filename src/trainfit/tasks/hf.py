@@ -354,28 +354,55 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     ``arch`` is a directory written by ``save_pretrained``, for the model saved there with its weights."""
     tf = _transformers()
     pretrained = pretrained_dir(arch)
+    cls, config, arch, given = _class_and_config(tf, arch, pretrained, model_config)
+    kind = _kind(arch, config)
+    _for_training(config, kind)
+    vocab = _checked_fit(config, kind, arch, seq_len, given, pretrained)
+    task = GenericTask(name=f"hf:{pretrained or arch}", unit="tokens", build_model=lambda: None,
+                       dataset=lambda: None, collate=_stack, count=lambda b: 0, loss=lambda m, b: (None, 0))
+    task.build_model = _model_builder(task, cls, config, pretrained, seed, arch, given)
+    task.fake_trace = _real_mask_decisions
+    # A pretrained checkpoint's depth is fixed: the estimate traces it in full rather than at 3 and 4 blocks.
+    if pretrained is None:
+        task.depth_key, task.depth = _depth_keys(config)
+    _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab, data)
+    task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch, f"hf:{pretrained or arch}")
+    return task
+
+
+def _class_and_config(tf, arch: str, pretrained: Path | None, model_config: str):
+    """(model class, config, class name, the keys the user set) of ``hf:DIR`` (its config.json, nothing set) or
+    of ``hf:<Class>`` (its config class from ``model_config``, at least what the generated data needs)."""
     if pretrained is not None:  # hf:DIR -- the class and the config come from DIR/config.json
         cls, config = _pretrained_config(tf, pretrained, model_config)
-        arch, given = cls.__name__, {}
-    else:
-        cls = getattr(tf, arch, None)
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "config_class")):
-            raise ConfigError("model", f"hf:{arch}", "hf:<a transformers model class>, e.g. hf:LlamaForCausalLM, "
-                              "hf:BertForMaskedLM, hf:T5ForConditionalGeneration, hf:ViTForImageClassification, "
-                              "or hf:DIR (a directory written by save_pretrained)",
-                              "check the class name's spelling and case")
+        return cls, config, cls.__name__, {}
+    cls = getattr(tf, arch, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "config_class")):
+        raise ConfigError("model", f"hf:{arch}", "hf:<a transformers model class>, e.g. hf:LlamaForCausalLM, "
+                          "hf:BertForMaskedLM, hf:T5ForConditionalGeneration, hf:ViTForImageClassification, "
+                          "or hf:DIR (a directory written by save_pretrained)",
+                          "check the class name's spelling and case")
     classifies = arch.endswith(("ForSequenceClassification", "ForImageClassification"))
     # The generated data's needs: token rules need 11 ids; a classification needs 2 classes (with one the
     # cross-entropy is identically 0, nothing to learn).
     minimums = {"num_labels": 2} if classifies else {"vocab_size": 11}
-    if pretrained is None:
-        given = read_hf_values(cls.config_class, model_config)
-        config = parse_hf_config(cls.config_class, model_config, minimums=minimums, values=dict(given))
-    kind = _kind(arch, config)
+    given = read_hf_values(cls.config_class, model_config)
+    config = parse_hf_config(cls.config_class, model_config, minimums=minimums, values=dict(given))
+    return cls, config, arch, given
+
+
+def _for_training(config, kind: str) -> None:
+    """Set what training needs on the config: no KV cache; a pad id for a sequence classifier."""
     if hasattr(config, "use_cache"):
         config.use_cache = False  # training: no KV cache
     if kind == "seqcls" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0  # decoders find each sequence's last token through the pad id
+
+
+def _checked_fit(config, kind: str, arch: str, seq_len: int, given: dict[str, Any], pretrained: Path | None) -> int:
+    """The config's vocabulary size, after refusing in one line a config the generated data or ``seq_len`` does
+    not fit: fewer than 2 classes, key/value heads not dividing the heads, too few positions or ids."""
+    classifies = arch.endswith(("ForSequenceClassification", "ForImageClassification"))
     if classifies and not (isinstance(config.num_labels, int) and config.num_labels >= 2):  # e.g. from id2label
         raise ConfigError("model_config.num_labels", config.num_labels, "an integer >= 2",
                           "the generated samples are classified into num_labels classes")
@@ -390,9 +417,13 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
     vocab = getattr(config, "vocab_size", 0) or 0
     if kind != "image" and not (isinstance(vocab, int) and vocab >= 11):
         raise ConfigError("model_config.vocab_size", vocab, "an integer >= 11")
-    task = GenericTask(name=f"hf:{pretrained or arch}", unit="tokens", build_model=lambda: None,
-                       dataset=lambda: None, collate=_stack, count=lambda b: 0, loss=lambda m, b: (None, 0))
+    return vocab
 
+
+def _model_builder(task: GenericTask, cls, config, pretrained: Path | None, seed: int, arch: str,
+                   given: dict[str, Any]):
+    """The task's ``build_model``: the model seeded, from ``pretrained``'s weights (real tensors) or the config;
+    an error of transformers reported as the config's in one line; the task's block classes recorded."""
     def build() -> nn.Module:
         torch.manual_seed(seed)
         try:
@@ -411,14 +442,7 @@ def hf_task(arch: str, *, model_config: str = "", seq_len: int = 64, seed: int =
         task.block_classes = _block_classes(model)
         return model
 
-    task.build_model = build
-    task.fake_trace = _real_mask_decisions
-    # A pretrained checkpoint's depth is fixed: the estimate traces it in full rather than at 3 and 4 blocks.
-    if pretrained is None:
-        task.depth_key, task.depth = _depth_keys(config)
-    _attach_data(task, kind, config, seq_len, seed, dataset_size, vocab, data)
-    task.loss = _first_forward_checked(task.loss, given, cls.config_class, arch, f"hf:{pretrained or arch}")
-    return task
+    return build
 
 
 _ENCODER_DECODER_DEPTHS = (("num_layers", "num_decoder_layers"), ("encoder_layers", "decoder_layers"))
@@ -504,77 +528,115 @@ def _real_mask_decisions() -> Iterator[None]:
 
 def _attach_data(task: GenericTask, kind: str, config, seq_len: int, seed: int, size: int, vocab: int,
                  data: DataSpec | None = None) -> None:
+    """The task's data and loss by head: token rows from ``data`` files (causal LMs only), else generated
+    samples; then how a batch is counted and an example batch made."""
     def tokens(g):
         return torch.randint(1, vocab, (seq_len,), generator=g)
 
     if data is not None and kind != "causal":
         raise ConfigError("data", data.data, f"no --data with {task.name} (a {kind} head)",
                           "data files feed the GPT built-ins and hf: causal LMs (...ForCausalLM, ...LMHeadModel)")
-    if data is not None:  # token rows from files: the model must hold the tokenizer's ids and the rows' length
-        text = load_text_data(data)
-        max_pos = getattr(config, "max_position_embeddings", None)
-        check_model_fits(text, vocab_size=vocab, max_positions=max_pos if isinstance(max_pos, int) else None,
-                         seq_len=seq_len, model=task.name)
-        task.dataset, task.val_dataset = (lambda: text.train), (lambda: text.val)
-        task.collate, task.example_batch = text.collate, text.example_batch
-        task.data_source, task.data_description = text.source, text.description
-        task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+    if data is not None:
+        _attach_files(task, config, seq_len, vocab, data)
     elif kind == "causal":
-        check_token_rules(vocab, seq_len)
-        task.dataset = lambda: TokenRules(size=size, seq_len=seq_len, vocab_size=vocab, seed=seed)
-        task.collate = collate_tokens
-        task.example_batch = lambda n: full_length_tokens(n, seq_len, vocab, seed)
-        task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+        _attach_token_rules(task, seq_len, seed, size, vocab)
     elif kind == "mlm":
-        def make(g):
-            ids = tokens(g)
-            labels = torch.full_like(ids, IGNORE_INDEX)
-            labels[::MLM_EVERY] = ids[::MLM_EVERY]
-            ids = ids.clone()
-            ids[::MLM_EVERY] = getattr(config, "mask_token_id", None) or 0
-            return {"input_ids": ids, "labels": labels}
-        task.dataset = lambda: GeneratedSamples(make, size, seed)
-        task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+        _attach_mlm(task, config, tokens, size, seed)
     elif kind == "seq2seq":
-        start = getattr(config, "decoder_start_token_id", None)
-        start = start if start is not None else (getattr(config, "pad_token_id", None) or 0)
-
-        def make(g):
-            ids = tokens(g)
-            return {"input_ids": ids, "labels": ids.flip(0)}
-
-        def loss(m, b):
-            labels = b["labels"]
-            dec = torch.cat([torch.full_like(labels[:, :1], start), labels[:, :-1]], dim=1)  # teacher forcing
-            return _token_loss(m(input_ids=b["input_ids"], decoder_input_ids=dec).logits, labels)
-        task.dataset = lambda: GeneratedSamples(make, size, seed)
-        task.loss = loss
+        _attach_seq2seq(task, config, tokens, size, seed)
     elif kind == "seqcls":
-        n_labels = config.num_labels
-
-        def make(g):
-            ids = tokens(g)
-            return {"input_ids": ids, "labels": ids[0] % n_labels}
-        task.unit = "samples"
-        task.dataset = lambda: GeneratedSamples(make, size, seed)
-        task.loss = lambda m, b: (F.cross_entropy(m(input_ids=b["input_ids"]).logits.float(), b["labels"],
-                                                  reduction="sum"), b["labels"].numel())
+        _attach_seqcls(task, config, tokens, size, seed)
     else:  # image
-        c, hw, n_labels = config.num_channels, config.image_size, config.num_labels
-        hw = hw if isinstance(hw, int) else hw[0]
+        _attach_image(task, config, size, seed)
+    _attach_counting(task)
 
-        def make(g):
-            label = int(torch.randint(0, n_labels, (1,), generator=g))
-            template = torch.randn(c, hw, hw, generator=torch.Generator().manual_seed(seed * 7919 + label))
-            return {"pixel_values": template + torch.randn(c, hw, hw, generator=g), "labels": torch.tensor(label)}
 
-        def loss(m, b):
-            dtype = next(m.parameters()).dtype  # half weights (bf16-true/fp16-true) take half pixels
-            logits = m(pixel_values=b["pixel_values"].to(dtype)).logits
-            return F.cross_entropy(logits.float(), b["labels"], reduction="sum"), b["labels"].numel()
-        task.unit = "samples"
-        task.dataset = lambda: GeneratedSamples(make, size, seed)
-        task.loss = loss
+def _attach_files(task: GenericTask, config, seq_len: int, vocab: int, data: DataSpec) -> None:
+    """Token rows from files: the model must hold the tokenizer's ids and the rows' length."""
+    text = load_text_data(data)
+    max_pos = getattr(config, "max_position_embeddings", None)
+    check_model_fits(text, vocab_size=vocab, max_positions=max_pos if isinstance(max_pos, int) else None,
+                     seq_len=seq_len, model=task.name)
+    task.dataset, task.val_dataset = (lambda: text.train), (lambda: text.val)
+    task.collate, task.example_batch = text.collate, text.example_batch
+    task.data_source, task.data_description = text.source, text.description
+    task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+
+
+def _attach_token_rules(task: GenericTask, seq_len: int, seed: int, size: int, vocab: int) -> None:
+    """A causal LM's generated data: learnable token rules, next-token labels."""
+    check_token_rules(vocab, seq_len)
+    task.dataset = lambda: TokenRules(size=size, seq_len=seq_len, vocab_size=vocab, seed=seed)
+    task.collate = collate_tokens
+    task.example_batch = lambda n: full_length_tokens(n, seq_len, vocab, seed)
+    task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+
+
+def _attach_mlm(task: GenericTask, config, tokens, size: int, seed: int) -> None:
+    """A masked LM's generated data: random tokens, every :data:`MLM_EVERY`-th one masked and labelled."""
+    def make(g):
+        ids = tokens(g)
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        labels[::MLM_EVERY] = ids[::MLM_EVERY]
+        ids = ids.clone()
+        ids[::MLM_EVERY] = getattr(config, "mask_token_id", None) or 0
+        return {"input_ids": ids, "labels": labels}
+    task.dataset = lambda: GeneratedSamples(make, size, seed)
+    task.loss = lambda m, b: _token_loss(m(input_ids=b["input_ids"]).logits, b["labels"])
+
+
+def _attach_seq2seq(task: GenericTask, config, tokens, size: int, seed: int) -> None:
+    """An encoder-decoder's generated data: random source tokens, the target the source reversed; the loss
+    teacher-forced from the decoder start id."""
+    start = getattr(config, "decoder_start_token_id", None)
+    start = start if start is not None else (getattr(config, "pad_token_id", None) or 0)
+
+    def make(g):
+        ids = tokens(g)
+        return {"input_ids": ids, "labels": ids.flip(0)}
+
+    def loss(m, b):
+        labels = b["labels"]
+        dec = torch.cat([torch.full_like(labels[:, :1], start), labels[:, :-1]], dim=1)  # teacher forcing
+        return _token_loss(m(input_ids=b["input_ids"], decoder_input_ids=dec).logits, labels)
+    task.dataset = lambda: GeneratedSamples(make, size, seed)
+    task.loss = loss
+
+
+def _attach_seqcls(task: GenericTask, config, tokens, size: int, seed: int) -> None:
+    """A sequence classifier's generated data: random tokens, the class the first token mod num_labels."""
+    n_labels = config.num_labels
+
+    def make(g):
+        ids = tokens(g)
+        return {"input_ids": ids, "labels": ids[0] % n_labels}
+    task.unit = "samples"
+    task.dataset = lambda: GeneratedSamples(make, size, seed)
+    task.loss = lambda m, b: (F.cross_entropy(m(input_ids=b["input_ids"]).logits.float(), b["labels"],
+                                              reduction="sum"), b["labels"].numel())
+
+
+def _attach_image(task: GenericTask, config, size: int, seed: int) -> None:
+    """An image classifier's generated data: a fixed template per class plus noise, (C, H, W) from the config."""
+    c, hw, n_labels = config.num_channels, config.image_size, config.num_labels
+    hw = hw if isinstance(hw, int) else hw[0]
+
+    def make(g):
+        label = int(torch.randint(0, n_labels, (1,), generator=g))
+        template = torch.randn(c, hw, hw, generator=torch.Generator().manual_seed(seed * 7919 + label))
+        return {"pixel_values": template + torch.randn(c, hw, hw, generator=g), "labels": torch.tensor(label)}
+
+    def loss(m, b):
+        dtype = next(m.parameters()).dtype  # half weights (bf16-true/fp16-true) take half pixels
+        logits = m(pixel_values=b["pixel_values"].to(dtype)).logits
+        return F.cross_entropy(logits.float(), b["labels"], reduction="sum"), b["labels"].numel()
+    task.unit = "samples"
+    task.dataset = lambda: GeneratedSamples(make, size, seed)
+    task.loss = loss
+
+
+def _attach_counting(task: GenericTask) -> None:
+    """How a batch is counted (samples, or labelled tokens) and, where the data gave none, an example batch."""
     if task.unit == "samples":
         task.count = lambda b: int(b["labels"].numel())
     else:
