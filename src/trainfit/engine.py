@@ -88,18 +88,25 @@ def optimizer_step(
     strategy.all_reduce_sum(loss_total)
     loss = float(loss_total) / max(window.global_count, 1)  # host-device sync
     with timer.phase("optimizer"):
-        finite = precision.unscale_and_check(model, strategy.all_reduce_max) and math.isfinite(loss)
-        grad_norm = None
-        if finite and grad_clip > 0:
-            grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
-            finite = math.isfinite(grad_norm)
-        elif finite and not precision.scales_loss:
-            # No clipping and no scaler: nothing has looked at the gradients yet. Refuse inf/NaN before the
-            # optimizer writes them into the weights (one pass over the gradients, one host-device sync).
-            finite = precision.grads_finite(model, strategy.all_reduce_max)
-        stepped = precision.step(optimizer, model, finite)
-        precision.zero_grad(optimizer, model)
+        stepped, grad_norm = _update(model, optimizer, precision, strategy, grad_clip, math.isfinite(loss))
     return StepResult(loss=loss, count=window.global_count, stepped=stepped, grad_norm=grad_norm, loss_scale=scale)
+
+
+def _update(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, strategy: Strategy,
+            grad_clip: float, loss_finite: bool) -> tuple[bool, float | None]:
+    """Unscale, check, clip and step (or skip a non-finite step), then zero the gradients: (stepped, grad norm)."""
+    finite = precision.unscale_and_check(model, strategy.all_reduce_max) and loss_finite
+    grad_norm = None
+    if finite and grad_clip > 0:
+        grad_norm = strategy.clip_grad_norm(precision.optimizer_params(model), grad_clip)
+        finite = math.isfinite(grad_norm)
+    elif finite and not precision.scales_loss:
+        # No clipping and no scaler: nothing has looked at the gradients yet. Refuse inf/NaN before the
+        # optimizer writes them into the weights (one pass over the gradients, one host-device sync).
+        finite = precision.grads_finite(model, strategy.all_reduce_max)
+    stepped = precision.step(optimizer, model, finite)
+    precision.zero_grad(optimizer, model)
+    return stepped, grad_norm
 
 
 def evaluate(

@@ -123,8 +123,13 @@ def overlapped(comm_per_unit: float, compute_per_unit: float, units: int, *,
     Both cases: max(c - t, c s / (1 + s)) beyond t. ``slowdown=0``: perfect overlap, max(0, c - t)."""
     if units <= 0:
         return 0.0
-    c, t = comm_per_unit, compute_per_unit
-    return c + (units - 1) * max(c - t, c * slowdown / (1.0 + slowdown), 0.0)
+    return comm_per_unit + (units - 1) * behind(comm_per_unit, compute_per_unit, slowdown=slowdown)
+
+
+def behind(comm_s: float, compute_s: float, *, slowdown: float = OVERLAP_SLOWDOWN) -> float:
+    """Seconds a collective of ``comm_s`` started with ``compute_s`` of compute beside it adds beyond that compute:
+    max(c - t, c s / (1 + s)) (derived in :func:`overlapped`); 0 for no collective."""
+    return max(comm_s - compute_s, comm_s * slowdown / (1.0 + slowdown), 0.0)
 
 
 def hsdp_all_reduce(grad_bytes: float, *, shard_over: int, replicas: int, units: int, backward_s: float,

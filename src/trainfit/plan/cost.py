@@ -29,6 +29,7 @@ from typing import NamedTuple
 from trainfit.plan import comm
 from trainfit.plan.clock import (
     Clock,
+    behind,
     optimizer_seconds,
     overlapped,
     ring_seconds,
@@ -469,7 +470,7 @@ def _clocked_comm(b: Basis, c: Candidate, links: Links, *, forward_s: float, bac
     ar = (ring_seconds(b.grad_comm_bytes, n, all_reduce=True, **ring)
           + (buckets - 1) * 2 * (n - 1) * links.latency_s)
     last = ring_seconds(min(b.grad_comm_bytes, comm.DDP_BUCKET_BYTES), n, all_reduce=True, **ring)
-    exposed = max(last, ar - backward_s)
+    exposed = last + behind(ar - last, backward_s)  # the buckets before the last run beside backward, slowing it
     total = ar
     if facts.shards_optimizer_by_parameter:  # ZeroRedundancyOptimizer: each rank broadcasts its updated share
         bcast = ring_seconds(b.params_bytes, n, **ring) + max(0, b.n_param_tensors - 1) * (n - 1) * links.latency_s
