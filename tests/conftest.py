@@ -12,7 +12,9 @@ has to remember it:
 
 ``pytest --fast`` is the edit loop's tier: it leaves out ``slow``, ``distributed``, ``cli`` and ``hf`` tests and runs
 each property test (hypothesis) with a quarter of its examples. The full suite (CI, ``.ci/run``) runs everything at
-the full example counts. ``-m pure`` and the like select one tier.
+the full example counts, in two pytest-xdist worker processes (``-n 2``, one per core of the CI machine; each worker
+then runs torch on one thread, and so do the processes its tests start, since threads that outnumber the cores
+spin against each other). ``-m pure`` and the like select one tier.
 """
 
 import functools
@@ -29,7 +31,10 @@ import torch
 
 # Deterministic, and polite on a shared 2-core machine.
 torch.manual_seed(0)
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = "1"  # processes the tests start inherit one thread each
 
 TINY = "n_layer=2,d_model=32,n_head=2"
 
