@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import os
 import re
+import tomllib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-import tomllib
 
 from trainfit.errors import ConfigError, check_choice, check_int, check_number, check_patterns, check_unique_keys
 from trainfit.outputs import check_path_text, owns
@@ -47,6 +47,7 @@ from trainfit.vocabulary import (
     parse_checkpoint_policy,
     parse_lora,
     parse_offload,
+    strategy_names,
 )
 
 MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
@@ -188,7 +189,7 @@ class RunConfig:
     def _check_values(self) -> None:
         """The typed names (stored as their enum members), the counts and the numbers, each by its range."""
         for key, enum in _ENUMS.items():  # a typed name: check, then store the member
-            check_choice(key, getattr(self, key), tuple(enum))
+            check_choice(key, getattr(self, key), strategy_names() if enum is StrategyName else tuple(enum))
             object.__setattr__(self, key, enum(getattr(self, key)))
         if self.micro_batch != "auto":
             check_int("micro_batch", self.micro_batch, minimum=1)

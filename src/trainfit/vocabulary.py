@@ -27,11 +27,24 @@ class PrecisionName(StrEnum):
 
 
 class StrategyName(StrEnum):
+    """The built-in strategies, and (looked up by value, through :meth:`_missing_`) any added by
+    :func:`register_strategy`; :func:`strategy_names` lists both."""
+
     SINGLE = "single"
     DDP = "ddp"
     ZERO1 = "zero1"
     ZERO2 = "zero2"
     ZERO3 = "zero3"
+
+    @classmethod
+    def _missing_(cls, value: object) -> StrategyName | None:
+        """``StrategyName("x")`` for a name :func:`register_strategy` added (Enum's own hook for values it
+        does not hold); None (a ValueError) for any other."""
+        return _REGISTERED.get(value) if isinstance(value, str) else None
+
+
+_REGISTERED: dict[str, StrategyName] = {}
+"""The names :func:`register_strategy` added, by value (the enum's own members are left as defined)."""
 
 
 class Dtype(StrEnum):
@@ -431,24 +444,21 @@ def strategy_facts(name: str) -> StrategyFacts:
 
 
 def register_strategy(facts: StrategyFacts) -> StrategyName:
-    """Add a strategy: its name joins :class:`StrategyName` and its row :data:`STRATEGIES`, so everything that
-    reads them -- config validation, the planner's search space and rules, the run (``strategies.make_strategy``
-    picks the implementation from the row), offload, ``--write-for`` -- sees it. For a plugin's or a test's row;
-    the built-in rows are listed above. Returns the new name.
+    """Add a strategy: its name becomes a :class:`StrategyName` (looked up by value) and its row joins
+    :data:`STRATEGIES`, so everything that reads them -- config validation, the planner's search space and
+    rules, the run (``strategies.make_strategy`` picks the implementation from the row), offload,
+    ``--write-for`` -- sees it. For a plugin's or a test's row; the built-in rows are listed above. The enum
+    itself is not changed: the name is found through its ``_missing_`` hook. Returns the new name.
 
     Raises:
         ValueError: the name is taken, or is not a lower-case name of letters, digits, ``-`` and ``_``.
     """
     value = str(facts.name)
-    if value in StrategyName._value2member_map_ or not value or not all(c.islower() or c.isdigit() or c in "-_"
-                                                                          for c in value):
+    if value in strategy_names() or not value or not all(c.islower() or c.isdigit() or c in "-_" for c in value):
         raise ValueError(f"strategy name {value!r}: taken, or not lower-case letters, digits, - and _")
-    member = str.__new__(StrategyName, value)
+    member = str.__new__(StrategyName, value)  # a value-only member, as Enum's _missing_ hook may return
     member._name_, member._value_ = value.upper().replace("-", "_"), value
-    member.__objclass__ = StrategyName
-    StrategyName._member_map_[member._name_] = member
-    StrategyName._member_names_.append(member._name_)
-    StrategyName._value2member_map_[value] = member
+    _REGISTERED[value] = member
     STRATEGIES[member] = dataclasses.replace(facts, name=member)
     return member
 
@@ -459,9 +469,12 @@ def unregister_strategy(name: str) -> None:
     if member in _BUILTIN_STRATEGIES:
         raise ValueError(f"strategy {name!r} is built in")
     del STRATEGIES[member]
-    del StrategyName._value2member_map_[member.value]
-    del StrategyName._member_map_[member.name]
-    StrategyName._member_names_.remove(member.name)
+    del _REGISTERED[member.value]
+
+
+def strategy_names() -> tuple[StrategyName, ...]:
+    """Every strategy a config may name: the built-in ones and those :func:`register_strategy` added."""
+    return tuple(STRATEGIES)
 
 
 _BUILTIN_STRATEGIES = tuple(STRATEGIES)

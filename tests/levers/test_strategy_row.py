@@ -180,3 +180,22 @@ def test_the_row_is_gone_after_unregistering():
         from trainfit.config import make_config
 
         make_config({"strategy": ROW})
+
+
+def test_registering_leaves_the_enum_as_defined_and_config_lists_the_row():
+    from trainfit.config import make_config
+    from trainfit.vocabulary import StrategyName
+
+    built_in = list(StrategyName)
+    install_row()
+    try:
+        assert list(StrategyName) == built_in  # the enum's own members are untouched
+        member = StrategyName(ROW)  # found by value through Enum's _missing_ hook
+        assert isinstance(member, StrategyName) and member == ROW and member.value == ROW
+        assert make_config({"strategy": ROW}).strategy is member
+        with pytest.raises(ConfigError) as e:
+            make_config({"strategy": "zero9"})
+        assert ROW in str(e.value) and "zero3" in str(e.value)  # the refusal lists the added row among the allowed
+    finally:
+        unregister_strategy(ROW)
+    assert list(StrategyName) == built_in
