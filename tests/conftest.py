@@ -77,6 +77,17 @@ SLOW = (
 )
 """Tests over ~5 s of CPU each (measured per test on this 2-core machine) that are not marked in their file."""
 
+ALONE = (
+    "tests/probes/test_profile_distributed.py", "tests/probes/test_calibrate_bounded.py",
+    "tests/probes/test_profile.py::test_tiny_micro_batch_is_batch_bound_and_the_suggestion_fits",
+    "tests/meters/test_hardware.py",
+    "tests/plan/test_plan_cli.py::test_plan_calibrate_on_several_cpu_devices_prices_the_measured_overhead",
+    "tests/plan/test_plan_cli.py::test_dist_calibration_measures_on_two_gloo_processes",
+)
+"""Tests that compare a measured time with a prediction (a 2-rank step, a calibrated rate): ``alone``. Under
+pytest-xdist they run one after another in one worker (``xdist_group``, ``--dist loadgroup``) with the machine to
+themselves (:func:`pytest_runtest_protocol`); the other tests run two at a time."""
+
 HF_FIXTURES = {"transformers", "llama_dir", "saved_llama", "model_dir"}
 """Fixtures that build or load a Hugging Face model: their tests are ``hf`` too."""
 
@@ -94,13 +105,14 @@ def pytest_addoption(parser):
 def _tier(nodeid: str) -> list[str]:
     marks = [name for name, where in (("pure", PURE), ("cli", CLI), ("distributed", DISTRIBUTED), ("slow", SLOW))
              if nodeid.startswith(where) and not (name == "pure" and nodeid.startswith(NOT_PURE))]
+    marks += ["alone"] if nodeid.startswith(ALONE) else []
     return marks if {"pure", "cli"} & set(marks) else ["numeric", *marks]
 
 
 @functools.cache
 def _imports_transformers_at_the_top(path: str) -> bool:
     return re.search(r"^(import transformers|from transformers |\w+ = pytest.importorskip\(\"transformers\"\))",
-                     Path(path).read_text(), re.M) is not None
+                     Path(path).read_text(), re.MULTILINE) is not None
 
 
 def _needs_transformers(item) -> bool:
@@ -140,6 +152,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in _tier(item.nodeid) + (["hf"] if _needs_transformers(item) else []):
             item.add_marker(name)
+        if _alone(item):
+            item.add_marker(pytest.mark.xdist_group("alone"))  # one worker runs them, one after another
     if not config.getoption("--fast"):
         return
     left_out = {i.nodeid for i in items if any(i.get_closest_marker(m) for m in FAST_LEAVES_OUT)}
@@ -191,3 +205,52 @@ def trainfit_cli(capfd):
         return subprocess.CompletedProcess(["trainfit", *args], int(rc or 0), out, err)
 
     return run
+
+
+
+class _Machine:
+    """Two file locks shared by the xdist workers of one run. ``turn`` is taken by each test on its way in;
+    ``machine`` is shared by ordinary tests and taken whole by ``alone`` ones, which keep ``turn`` too (so no new
+    test starts beside them) until the last of a run of consecutive ``alone`` tests ends."""
+
+    def __init__(self, run_id: str):
+        import tempfile
+
+        root = Path(tempfile.gettempdir()) / f"trainfit-tests-{run_id}"
+        root.mkdir(exist_ok=True)
+        self.turn, self.machine = open(root / "turn.lock", "a"), open(root / "machine.lock", "a")  # noqa: SIM115
+        self.whole = False
+
+
+_MACHINE: list[_Machine] = []
+
+
+def _alone(item) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id:
+        yield
+        return
+    import fcntl
+
+    m = _MACHINE[0] if _MACHINE else _MACHINE.append(_Machine(run_id)) or _MACHINE[0]
+    if _alone(item) and not m.whole:
+        fcntl.flock(m.turn, fcntl.LOCK_EX)
+        fcntl.flock(m.machine, fcntl.LOCK_EX)  # waits for the other worker's current test
+        m.whole = True
+    elif not _alone(item):
+        fcntl.flock(m.turn, fcntl.LOCK_EX)
+        fcntl.flock(m.machine, fcntl.LOCK_SH)
+        fcntl.flock(m.turn, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        if not m.whole or not _alone(nextitem):
+            fcntl.flock(m.machine, fcntl.LOCK_UN)
+            if m.whole:
+                fcntl.flock(m.turn, fcntl.LOCK_UN)
+                m.whole = False
