@@ -12,9 +12,10 @@ has to remember it:
 
 ``pytest --fast`` is the edit loop's tier: it leaves out ``slow``, ``distributed``, ``cli`` and ``hf`` tests and runs
 each property test (hypothesis) with a quarter of its examples. The full suite (CI, ``.ci/run``) runs everything at
-the full example counts, in two pytest-xdist worker processes (``-n 2``, one per core of the CI machine; each worker
-then runs torch on one thread, and so do the processes its tests start, since threads that outnumber the cores
-spin against each other). ``-m pure`` and the like select one tier.
+the full example counts, in two pytest-xdist worker processes (``-n 2 --dist loadgroup``, one per core of the CI
+machine). Each worker runs torch on one thread, and so do the processes its tests start: threads that outnumber the
+cores spin against each other. The ``alone`` tests, which compare measured times, run in one worker with the machine
+to themselves. ``-m pure`` and the like select one tier.
 """
 
 import functools
