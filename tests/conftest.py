@@ -79,13 +79,11 @@ SLOW = (
 """Tests over ~5 s of CPU each (measured per test on this 2-core machine) that are not marked in their file."""
 
 ALONE = (
-    "tests/probes/test_profile_distributed.py", "tests/probes/test_calibrate_bounded.py",
-    "tests/probes/test_profile.py::test_tiny_micro_batch_is_batch_bound_and_the_suggestion_fits",
-    "tests/meters/test_hardware.py",
+    "tests/probes/test_profile_distributed.py",
     "tests/plan/test_plan_cli.py::test_plan_calibrate_on_several_cpu_devices_prices_the_measured_overhead",
     "tests/plan/test_plan_cli.py::test_dist_calibration_measures_on_two_gloo_processes",
 )
-"""Tests that compare a measured time with a prediction (a 2-rank step, a calibrated rate): ``alone``. Under
+"""Tests that time 2 ranks on the 2 cores and compare with a prediction: ``alone``. Under
 pytest-xdist they run one after another in one worker (``xdist_group``, ``--dist loadgroup``) with the machine to
 themselves (:func:`pytest_runtest_protocol`); the other tests run two at a time."""
 
