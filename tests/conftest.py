@@ -79,11 +79,16 @@ SLOW = (
 """Tests over ~5 s of CPU each (measured per test on this 2-core machine) that are not marked in their file."""
 
 ALONE = (
-    "tests/probes/test_profile_distributed.py",
+    "tests/probes/test_profile_distributed.py", "tests/probes/test_calibrate_bounded.py",
+    "tests/probes/test_profile.py::test_tiny_micro_batch_is_batch_bound_and_the_suggestion_fits",
+    "tests/meters/test_hardware.py", "tests/plan/test_plan_inputs.py",
+    "tests/plan/test_plan_pure.py::test_paper_scale_70b_on_1024_h100_in_seconds",
     "tests/plan/test_plan_cli.py::test_plan_calibrate_on_several_cpu_devices_prices_the_measured_overhead",
     "tests/plan/test_plan_cli.py::test_dist_calibration_measures_on_two_gloo_processes",
+    "tests/reliability/test_input_regressions.py::test_plan_answers_fast_for_a_huge_global_batch",
+    "tests/reliability/test_input_regressions.py::test_profile_output_paths_are_checked_before_profiling",
 )
-"""Tests that time 2 ranks on the 2 cores and compare with a prediction: ``alone``. Under
+"""Tests that compare a measured time with a prediction or a bound in seconds: ``alone``. Under
 pytest-xdist they run one after another in one worker (``xdist_group``, ``--dist loadgroup``) with the machine to
 themselves (:func:`pytest_runtest_protocol`); the other tests run two at a time."""
 
