@@ -226,7 +226,10 @@ class _Machine:
         self.whole = False
 
 
-_MACHINE: list[_Machine] = []
+@functools.cache
+def _machine(run_id: str) -> _Machine:
+    """This worker's locks for the run ``run_id`` (opened once)."""
+    return _Machine(run_id)
 
 
 def _alone(item) -> bool:
@@ -241,7 +244,7 @@ def pytest_runtest_protocol(item, nextitem):
         return
     import fcntl
 
-    m = _MACHINE[0] if _MACHINE else _MACHINE.append(_Machine(run_id)) or _MACHINE[0]
+    m = _machine(run_id)
     if _alone(item) and not m.whole:
         fcntl.flock(m.turn, fcntl.LOCK_EX)
         fcntl.flock(m.machine, fcntl.LOCK_EX)  # waits for the other worker's current test

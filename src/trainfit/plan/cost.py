@@ -194,7 +194,6 @@ def _per_device_grads(b: Basis, c: Candidate, facts: StrategyFacts, whole: float
     and gradient sync."""
     if facts.distributed and not facts.fsdp:
         return whole + b.grads_bytes  # DDP's flat buckets: a whole second copy, allocated up front
-    # Deferred sync keeps whole, unsharded gradients across the window's micro-batches.
     if "grads" not in facts.shards:
         return whole
     if c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED:
