@@ -179,6 +179,26 @@ def _basis_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_accelerate_state_between_tests():
+    """Accelerate keeps one process-wide state (the HF Trainer starts it too); a test starts and ends without it.
+
+    Under pytest-xdist any test may follow one that built a Trainer or an Accelerator in the same worker, and
+    ``Accelerator(mixed_precision=...)`` refuses to change a state already set.
+    """
+    _reset_accelerate_state()
+    yield
+    _reset_accelerate_state()
+
+
+def _reset_accelerate_state() -> None:
+    state = sys.modules.get("accelerate.state")  # never imported here: a test that needs it imports it
+    if state is not None:
+        state.AcceleratorState._reset_state(True)
+        state.GradientState._reset_state()
+        state.PartialState._reset_state()
+
+
 def _warning_to_stderr(message, category, filename, lineno, file=None, line=None) -> None:
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 

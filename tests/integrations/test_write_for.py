@@ -35,17 +35,6 @@ def _plan(tmp_path, base, tool, name):
     return row, path, r.err
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """Trainer and Accelerator share process-wide state; each test starts and ends without it."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def _tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
