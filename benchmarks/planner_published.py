@@ -10,10 +10,12 @@ planner prices for that exact candidate: ``plan.basis.analytic_basis`` of the mo
 (``plan.clock``). "Before" is the same candidate priced by the planner of ``--old`` (the fixed 40%-of-peak
 model), run in a subprocess with that tree on ``PYTHONPATH``.
 
-One coefficient is fitted here, and only on the *held-in* rows (MosaicML's A100 80GB table):
-``meters.devices.EAGER_SHARE``, the share of the kernel-priced rate an eager PyTorch step sustains, is the median
-of priced (at share 1) over measured steps on those rows; this script refits it and prints it beside the
-constant in the code. Every other row (H100, A100 40GB, the other two sources) is held out and summarised apart.
+One coefficient per GPU generation is fitted here, and only on the *held-in* rows (MosaicML's A100 80GB table
+for Ampere, its H100 80GB table for Hopper): the eager share (``meters.devices.KERNEL_SHARES[arch].eager``), the
+share of the kernel-priced rate an eager PyTorch step sustains, is the median of priced (at share 1) over measured
+steps on that generation's held-in rows; this script refits it and prints it beside the constant in the code.
+Every other row (A100 40GB, the IBM/Meta blog's 128 A100 and 96 H100, TinyLlama's) is held out and summarised
+apart.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class Row:
     tokens_per_s_per_gpu: float
     source: str
     held_in: bool = False
-    """A row the one fitted coefficient (``EAGER_SHARE``) is fitted on."""
+    """A row its generation's eager share (the one fitted coefficient) is fitted on."""
     node_network_bits_per_s: float | None = None
     """The network of one node as the source states it (shared by its 8 GPUs); None: the device row's per-GPU
     inter-node link."""
@@ -88,7 +90,7 @@ def _mpt(table: str, device: str, model: str, mb: int, acc: int, ckpt: bool, pre
                          tied_embeddings=True),
                seq=2048, gpus=8, device=device, old_device="a100" if device.startswith("a100") else device, mb=mb,
                acc=acc, ckpt="full" if ckpt else "none", precision=precision, strategy="zero3", shard_over=8,
-               tokens_per_s_per_gpu=tps, held_in=table == A100,
+               tokens_per_s_per_gpu=tps, held_in=table in (A100, H100),
                source=MOSAIC.format(table=table, model=model, mb=mb, acc=acc, ckpt=ckpt, prec=prec, tps=tps))
 
 
@@ -186,6 +188,18 @@ def before(rows: list[dict], old: Path) -> list[dict] | None:
     return json.loads(done.stdout)
 
 
+def _refit(kernels_only: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per GPU generation of the held-in rows: (the eager share in the code, the median priced-at-share-1 over
+    measured step of those rows)."""
+    from trainfit.meters.devices import KERNEL_SHARES, device_row
+
+    ratios: dict[str, list[float]] = {}
+    for k, r in zip(kernels_only, ROWS):
+        if r.held_in:
+            ratios.setdefault(device_row(r.device).arch, []).append(k["step_s"] / r.measured_s)
+    return {arch: (KERNEL_SHARES[arch].eager, statistics.median(v)) for arch, v in ratios.items()}
+
+
 def _err(pred: float, measured: float) -> float:
     return pred / measured - 1.0
 
@@ -202,10 +216,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = [dict(r.__dict__) for r in ROWS]
     after = predict(rows, clock=True)
-    from trainfit.meters.devices import EAGER_SHARE
-
     kernels_only = predict(rows, clock=True, eager_share=1.0)
-    fitted = statistics.median(k["step_s"] / r.measured_s for k, r in zip(kernels_only, ROWS) if r.held_in)
+    refit = _refit(kernels_only)
     old = before(rows, Path(args.old))
     lines = ["| # | configuration | measured s/step | after s/step | after error | before s/step | before error | "
              "after: compute / memory / recompute / exposed comm / fixed |", "|---|---|---|---|---|---|---|---|"]
@@ -233,8 +245,10 @@ def main() -> None:
     if errs_before:
         text += (f"  \nBefore (fixed 40% of peak, {args.old}): {summary(errs_before)} over all; held out: "
                  f"{summary(pick(errs_before, False))}.")
-    text += (f"  \nThe one fitted coefficient: EAGER_SHARE = {EAGER_SHARE} in meters/devices.py; refitted now on the "
-             f"held-in rows: {fitted:.3f}. Held-in rows are marked * below.")
+    text += ("  \nThe fitted coefficient, one per generation (meters/devices.py KERNEL_SHARES[arch].eager; refitted "
+             "now on the held-in rows): " + "; ".join(f"{arch} {code} (refit {fit:.3f})"
+                                                      for arch, (code, fit) in refit.items())
+             + ". Held-in rows are marked * above.")
     sources = "\n".join(f"{i}. {r.source}" for i, r in enumerate(ROWS, 1))
     text += "\n\nSources (each row):\n\n" + sources
     print(text)

@@ -18,6 +18,7 @@ cores spin against each other. The ``alone`` tests, which compare measured times
 to themselves. ``-m pure`` and the like select one tier.
 """
 
+import atexit
 import functools
 import inspect
 import os
@@ -231,7 +232,6 @@ def trainfit_cli(capfd):
     return run
 
 
-
 class _Machine:
     """Two file locks shared by the xdist workers of one run. ``turn`` is taken by each test on its way in;
     ``machine`` is shared by ordinary tests and taken whole by ``alone`` ones, which keep ``turn`` too (so no new
@@ -244,6 +244,8 @@ class _Machine:
         root.mkdir(exist_ok=True)
         self.turn, self.machine = open(root / "turn.lock", "a"), open(root / "machine.lock", "a")  # noqa: SIM115
         self.whole = False
+        atexit.register(self.turn.close)  # held for the worker's life, closed as it exits
+        atexit.register(self.machine.close)
 
 
 @functools.cache

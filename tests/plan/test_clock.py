@@ -168,6 +168,31 @@ def test_the_clock_beats_the_fixed_share_on_published_measurements():
     assert median_error(new) < 0.15 < median_error(old)
 
 
+def test_each_generations_eager_share_is_its_held_in_rows_fit_and_the_held_out_rows_stay_within_the_goal():
+    # the one fitted coefficient per generation: the median priced-at-share-1 / measured step of that generation's
+    # held-in published rows (a hand-checkable median), and the rows not used for it within the goal
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import planner_published as pub
+
+    from trainfit.meters.devices import KERNEL_SHARES
+
+    rows = [dict(r.__dict__) for r in pub.ROWS]
+    kernels_only = pub.predict(rows, clock=True, eager_share=1.0)
+    by_arch: dict[str, list[float]] = {}
+    for k, r in zip(kernels_only, pub.ROWS):
+        if r.held_in:
+            by_arch.setdefault(device_row(r.device).arch, []).append(k["step_s"] / r.measured_s)
+    assert sorted(by_arch) == ["ampere", "hopper"] and len(by_arch["hopper"]) == 5 and len(by_arch["ampere"]) == 9
+    for arch, ratios in by_arch.items():
+        ratios.sort()
+        assert KERNEL_SHARES[arch].eager == pytest.approx(ratios[len(ratios) // 2], abs=0.005), arch
+    held_out = [abs(p["step_s"] / r.measured_s - 1) for p, r in zip(pub.predict(rows, clock=True), pub.ROWS)
+                if not r.held_in]
+    assert len(held_out) == 5 and sorted(held_out)[2] <= 0.10 and max(held_out) <= 0.20
+    h100_blog = next(p for p, r in zip(pub.predict(rows, clock=True), pub.ROWS) if r.label == "Llama2-7B h100 x96")
+    assert h100_blog["step_s"] == pytest.approx(pub.ROWS[17].measured_s, rel=0.10)  # Hopper's other source
+
+
 def test_plan_explain_splits_the_step(capsys):
     argv = ["plan", "--model", "llama-7b", "--seq", "2048", "--global-batch", "64", "--device-memory", "80GiB",
             "--devices", "8", "--device", "a100", "--basis", "analytic", "--top", "3", "--offloads", "none"]

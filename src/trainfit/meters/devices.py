@@ -139,6 +139,10 @@ class KernelShares:
     bus: float
     """NCCL/RCCL ring bus bandwidth as a share of the per-direction link bandwidth."""
     source: str
+    eager: float
+    """Share of the kernel-priced rate an eager PyTorch FSDP step sustains on this generation (launch gaps, hooks,
+    the allocator, collectives sharing the SMs): fitted on published steps (``eager_source``)."""
+    eager_source: str
 
 
 _FA2 = ("Dao 2023, FlashAttention-2 (arXiv 2307.08691): FlashAttention-2 reaches 50-73% of the A100's peak, close "
@@ -149,27 +153,39 @@ _ASSUMED = ("assumed, no measurement read: streaming kernels at 80% of the datas
             "ring collectives at 80% of the link")
 _MAMF = ("Bekman, ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison "
          "table' (BF16 matmul, best shape of mamf-finder.py's search): ")
+_FITTED = ("fitted: the median measured/priced step over the held-in rows of benchmarks/planner_published.py "
+           "(MosaicML llm-foundry's {table} table at sequence 2048 on 8 GPUs, {n} rows; the A100 40GB rows, the IBM/Meta "
+           "FSDP blog's and TinyLlama's are held out)")
+_EAGER_AMPERE = 0.78
+_EAGER_HOPPER = 0.67
+_FITTED_AMPERE = _FITTED.format(table="A100 80GB", n=9)
+_FITTED_HOPPER = (_FITTED.format(table="H100 80GB BF16", n=5) + f"; lower than Ampere's {_EAGER_AMPERE}, as expected "
+                  "if the host-side work of a step (launches, hooks, the allocator) does not speed up with the GPU "
+                  "while its kernels run about 3x faster")
 KERNEL_SHARES: dict[str, KernelShares] = {
     "ampere": KernelShares(gemm=0.859, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
                            source=f"GEMM 0.859: {_MAMF}A100 SXM 267.9 of 312 TFLOPS (CUDA 12.1); attention 0.6: "
-                                  f"{_FA2}; {_ASSUMED}"),
+                                  f"{_FA2}; {_ASSUMED}",
+                           eager=_EAGER_AMPERE, eager_source=f"eager share {_EAGER_AMPERE}: {_FITTED_AMPERE}"),
     "hopper": KernelShares(gemm=0.801, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
                            source=f"GEMM 0.801: {_MAMF}H100 SXM 792.1 of 989 TFLOPS (CUDA 12.1); attention 0.35: "
-                                  f"{_FA3}; {_ASSUMED}"),
+                                  f"{_FA3}; {_ASSUMED}",
+                           eager=_EAGER_HOPPER, eager_source=f"eager share {_EAGER_HOPPER}: {_FITTED_HOPPER}"),
     "ada": KernelShares(gemm=0.859, attention=0.6, hbm=0.8, kernel_s=4e-6, bus=0.8,
                         source=f"as Ampere (the same mma.sync tensor-core path; no Ada figure read): GEMM {_MAMF}A100 "
-                               f"SXM's 0.859; {_FA2}; {_ASSUMED}"),
+                               f"SXM's 0.859; {_FA2}; {_ASSUMED}",
+                        eager=_EAGER_AMPERE,
+                        eager_source=f"eager share {_EAGER_AMPERE}: Ampere's (no published Ada step read; an L4/L40S "
+                                     f"GEMM runs at or below an A100's rate); Ampere's is {_FITTED_AMPERE}"),
     "cdna3": KernelShares(gemm=0.601, attention=0.35, hbm=0.8, kernel_s=4e-6, bus=0.8,
                           source=f"GEMM 0.601: {_MAMF}MI300X 781.9 of 1300 TFLOPS (ROCm 6.2); attention 0.35 assumed, "
-                                 f"no measurement read (pass --calibrate on the device); {_ASSUMED}"),
+                                 f"no measurement read (pass --calibrate on the device); {_ASSUMED}",
+                          eager=_EAGER_HOPPER,
+                          eager_source=f"eager share {_EAGER_HOPPER}: Hopper's (no published MI300X step read; its "
+                                       f"achievable GEMM rate, 781.9 TFLOPS, is an H100's); Hopper's is "
+                                       f"{_FITTED_HOPPER}"),
 }
-"""Per GPU generation: the shares ``plan.clock`` prices kernels at, with their sources."""
-
-EAGER_SHARE = 0.78
-"""Share of the kernel-priced rate an eager PyTorch FSDP step sustains, one figure for every device."""
-EAGER_SOURCE = ("eager share 0.78: fitted, the median measured/priced step over the 9 held-in rows of "
-                "benchmarks/planner_published.py (MosaicML llm-foundry's A100 80GB table at sequence 2048 on 8 "
-                "GPUs; its other rows, the H100 and A100 40GB ones and the other sources, are held out)")
+"""Per GPU generation: the shares ``plan.clock`` prices kernels at, and the eager share, with their sources."""
 
 
 _MFU = "Llama 3 paper (Dubey et al. 2024, table 4): 38-43% bf16 MFU on H100 at scale -> 0.40"
@@ -256,9 +272,9 @@ def clock_facts(row: DeviceRow) -> dict | None:
     k = KERNEL_SHARES[row.arch]
     return dict(name=row.name, peak_flops={d: t * 1e12 for d, t in peak.peak_tflops.items()},
                 hbm_bytes_per_s=row.hbm_bytes_per_s, gemm_share=k.gemm, attention_share=k.attention, hbm_share=k.hbm,
-                kernel_s=k.kernel_s, bus_share=k.bus, eager_share=EAGER_SHARE,
+                kernel_s=k.kernel_s, bus_share=k.bus, eager_share=k.eager,
                 sources=(f"peak: {peak.source}", f"memory and links: {row.source.split('; ' + _MFU)[0]}",
-                         f"kernel shares ({row.arch}): {k.source}", EAGER_SOURCE))
+                         f"kernel shares ({row.arch}): {k.source}", k.eager_source))
 
 
 def device_row(name: str) -> DeviceRow:
