@@ -38,6 +38,7 @@ from pathlib import Path
 from trainfit.config import DataSection, ModelSection, RunConfig, make_config
 from trainfit.errors import ConfigError
 from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
+from trainfit.plan import comm
 from trainfit.plan.basis import BASIS_BATCHES, analytic_basis, basis_from_reports
 from trainfit.plan.cost import Basis, Links
 from trainfit.plan.shapes import shape_of
@@ -381,7 +382,8 @@ def links_provider(row: DeviceRow, *, nodes: int, devices: int, intra: float | N
     host = host_bytes_per_s or row.host_bytes_per_s
     intra = intra or row.intra_bytes_per_s
     inter = inter or row.inter_bytes_per_s
-    bw = inter if nodes > 1 else intra
+    bw = comm.ring_bandwidth(intra=intra, inter=inter, nodes=nodes, per_node=max(1, devices // max(1, nodes)),
+                             channel_per_nic=row.arch is not None)
     if devices > 1 and not bw:
         flag = "--bandwidth-inter" if nodes > 1 else "--bandwidth-intra"
         raise ConfigError(flag.lstrip("-"), None, "a bandwidth such as 10GB/s",
