@@ -19,7 +19,8 @@ For hf GPT-2 small (n_layer=12, n_embd=768, n_head=12, n_positions=2048) and a L
 
 The clock check (issue 30, item 4; ``--clock``, on by default, ``--no-memory`` for it alone): ``plan --calibrate``'s
 CUDA calibration (``trainfit.probes.calibrate.measure_device_timings``: GEMMs large and skinny in bf16/fp16/fp32, a
-1 GiB device copy, pinned host copies each way, back-to-back tiny GEMMs) turned into the clock's device row
+1 GiB device copy, pinned host copies each way, back-to-back tiny GEMMs, a causal bf16 SDPA attention forward and
+backward) turned into the clock's device row
 (``calibrated_device_clock``), then each case's single-device step priced by the op-level clock with the table's
 row and with the calibrated one, against the median of 5 real CUDA steps; and a plan (``plan.search`` over
 precisions, micro-batches and checkpointing for a global batch of 16) priced with the calibrated row. Written to
@@ -223,7 +224,8 @@ def clock_check(names: list[str], micro_batches: tuple[int, ...], target: str, d
         timings = measure_device_timings("cuda")
         calibrated, host, lines = calibrated_device_clock(row, timings=timings)
         out.update(timings=timings.to_dict(), calibration_s=time.perf_counter() - t0, host_bytes_per_s=host,
-                   gemm_shares=calibrated.gemm_shares, hbm_share=calibrated.hbm_share, kernel_s=calibrated.kernel_s)
+                   gemm_shares=calibrated.gemm_shares, hbm_share=calibrated.hbm_share, kernel_s=calibrated.kernel_s,
+                   attention_share=calibrated.attention_share)
         print(json.dumps({"calibration": lines}), flush=True)
     out["sources"] = lines
     plain = links_provider(row, nodes=1, devices=1, intra=None, inter=None)

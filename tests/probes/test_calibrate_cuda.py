@@ -61,6 +61,23 @@ def test_a_rate_over_the_datasheet_is_capped_and_the_skinny_ratio_is_reported():
     assert f"skinny 256x8192x8192 bf16 priced/measured {priced / 1e-3:.2f}" in out["sources"][0]
 
 
+def test_a_timed_causal_attention_becomes_the_attention_share():
+    """SDPA's causal forward and backward of 2 x 16 heads x 4096 x 128 in bf16: the causal half of QK^T and AV,
+    4 b s^2 h d / 2 FLOPs forward, 2.5x that backward; timed at what 45% of the H100's peak would take."""
+    import dataclasses
+
+    executed = 4 * 2 * 4096**2 * 16 * 128 / 2
+    att_s = 3.5 * executed / (0.45 * H100_BF16)
+    t = dataclasses.replace(_timings(), attention=(2, 16, 4096, 128, "bf16", att_s))
+    out, _ = calibrated_clock_facts(clock_facts(device_row("h100")), t)
+    assert out["attention_share"] == pytest.approx(0.45)
+    assert "causal SDPA attention 2x16x4096x128 bf16" in out["sources"][0]
+    assert out["sources"][-1].startswith("links and the eager share: the table's")
+    untimed, _ = calibrated_clock_facts(clock_facts(device_row("h100")), _timings())
+    assert untimed["attention_share"] == clock_facts(device_row("h100"))["attention_share"]  # the table's 0.35
+    assert untimed["sources"][-1].startswith("attention, links and the eager share: the table's")
+
+
 def test_timings_without_a_known_dtype_are_refused():
     t = DeviceTimings(device_name="x", gemms=(("large", 8, 8, 8, "int8", 1.0),), copy_bytes=1, copy_s=1.0,
                       h2d_bytes=1, h2d_s=1.0, d2h_bytes=1, d2h_s=1.0, launch_s=0.0)

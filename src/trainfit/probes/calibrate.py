@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from trainfit.config import RunConfig, make_config
 from trainfit.meters.devices import clock_facts
-from trainfit.plan.clock import DeviceClock, gemm_seconds
+from trainfit.plan.clock import FLASH_BACKWARD, DeviceClock, gemm_seconds
 from trainfit.plan.cost import Basis, Links, fit_dist_overhead
 from trainfit.probes.compile import measure_compile_speedup
 from trainfit.probes.estimate import BASIS_BATCHES
@@ -385,6 +385,9 @@ HOST_BYTES = 2**28
 """Pinned host <-> device copies timed for the host link: 256 MiB each way."""
 LAUNCH_SHAPE = 64
 """A GEMM this small is all fixed cost: back to back, its time per call is the kernel's launch and ramp-up."""
+ATTENTION_SHAPE = (2, 16, 4096, 128)
+"""(batch, heads, sequence, head dim) of the causal bf16 attention timed forward and backward, through SDPA: the
+kernel SDPA picks on this device is the one a model's attention runs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,6 +407,8 @@ class DeviceTimings:
     """Pinned host memory to the device and back."""
     launch_s: float
     """Per call of a :data:`LAUNCH_SHAPE` GEMM issued back to back."""
+    attention: tuple[int, int, int, int, str, float] | None = None
+    """(batch, heads, sequence, head dim, dtype, seconds) of one causal SDPA forward and backward; None: not timed."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -418,7 +423,9 @@ def calibrated_clock_facts(facts: dict, timings: DeviceTimings) -> tuple[dict, f
     measured runs at); the copy's bytes read and written over its time, as a share of the datasheet HBM
     bandwidth, is ``hbm_share``; the tiny GEMM's time per call is ``kernel_s``; the slower direction of the
     pinned copies is the host link (bytes/s, one direction). Shares are capped at 1 (a boost clock above the
-    datasheet's can measure a little over it). The skinny GEMMs are priced with the calibrated facts and their
+    datasheet's can measure a little over it). The causal attention's forward and backward, timed through SDPA, gives
+    ``attention_share``: its FLOPs as the clock counts them (the causal half of QK^T and AV, the backward
+    ``FLASH_BACKWARD`` times the forward) over its time and the peak. The skinny GEMMs are priced with the calibrated facts and their
     predicted/measured ratio goes into the source line: how well the roofline holds on this device. Every
     source line says what was measured here, replacing the table's lines for the same terms."""
     peak = facts["peak_flops"]
@@ -434,6 +441,13 @@ def calibrated_clock_facts(facts: dict, timings: DeviceTimings) -> tuple[dict, f
     host = min(timings.h2d_bytes / timings.h2d_s, timings.d2h_bytes / timings.d2h_s)
     out = {**facts, "gemm_shares": shares, "gemm_share": shares.get("bf16", facts["gemm_share"]),
            "hbm_share": min(1.0, hbm / facts["hbm_bytes_per_s"]), "kernel_s": timings.launch_s}
+    attention = ""
+    if timings.attention is not None:
+        b, h, seq, hd, dtype, att_s = timings.attention
+        executed = 4.0 * b * seq * seq * h * hd * 0.5  # QK^T and AV, the causal half (as plan.clock prices it)
+        out["attention_share"] = min(1.0, (1 + FLASH_BACKWARD) * executed / (att_s * peak[dtype]))
+        attention = (f"; causal SDPA attention {b}x{h}x{seq}x{hd} {dtype} forward and backward "
+                     f"{att_s * 1e3:.3g} ms = {out['attention_share']:.0%} of the peak")
     dev = DeviceClock(**out)
     skinny = []
     for name, m, n, k, dtype, s in timings.gemms:
@@ -447,9 +461,10 @@ def calibrated_clock_facts(facts: dict, timings: DeviceTimings) -> tuple[dict, f
                 + f"; HBM copy {hbm / 1e9:.0f} GB/s = {out['hbm_share']:.0%} of the datasheet's "
                   f"{facts['hbm_bytes_per_s'] / 1e9:.0f}; {timings.launch_s * 1e6:.1f} us per kernel "
                   f"({LAUNCH_SHAPE}^3 GEMMs back to back); host link {host / 1e9:.1f} GB/s per direction (pinned "
-                  f"copies, the slower way)" + (f"; {'; '.join(skinny)}" if skinny else ""))
+                  f"copies, the slower way)" + attention + (f"; {'; '.join(skinny)}" if skinny else ""))
     kept = tuple(line for line in facts.get("sources", ()) if not line.startswith("kernel shares"))
-    out["sources"] = (measured, *kept, "attention, links and the eager share: the table's (not measured here)")
+    unmeasured = "links and the eager share" if timings.attention is not None else "attention, links and the eager share"
+    out["sources"] = (measured, *kept, f"{unmeasured}: the table's (not measured here)")
     return out, host
 
 
@@ -460,7 +475,8 @@ def cuda_available() -> bool:
 
 def measure_device_timings(device: str = "cuda", *, reps: int = 10) -> DeviceTimings:
     """Time :data:`GEMM_SHAPES` in :data:`GEMM_DTYPES`, a :data:`COPY_BYTES` device copy, pinned
-    :data:`HOST_BYTES` copies each way and back-to-back tiny GEMMs on a CUDA ``device`` (CUDA events; the
+    :data:`HOST_BYTES` copies each way, back-to-back tiny GEMMs and a causal SDPA attention
+    (:data:`ATTENTION_SHAPE`, forward and backward) on a CUDA ``device`` (CUDA events; the
     fastest of ``reps`` batches after a warm-up; fp32 GEMMs as torch runs them by default, TF32 off)."""
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev)
@@ -498,9 +514,25 @@ def measure_device_timings(device: str = "cuda", *, reps: int = 10) -> DeviceTim
     del host, on_dev
     x = torch.randn(LAUNCH_SHAPE, LAUNCH_SHAPE, device=dev, dtype=torch.bfloat16)
     launch_s = timed(lambda: torch.mm(x, x), inner=200)
+    attention = _time_attention(dev, timed)
+    log.info("plan: calibrating %s: causal SDPA attention %s bf16 forward and backward: %.3g ms", name,
+             "x".join(map(str, ATTENTION_SHAPE)), attention[-1] * 1e3)
     torch.cuda.empty_cache()
     return DeviceTimings(device_name=name, gemms=tuple(gemms), copy_bytes=COPY_BYTES, copy_s=copy_s,
-                         h2d_bytes=HOST_BYTES, h2d_s=h2d_s, d2h_bytes=HOST_BYTES, d2h_s=d2h_s, launch_s=launch_s)
+                         h2d_bytes=HOST_BYTES, h2d_s=h2d_s, d2h_bytes=HOST_BYTES, d2h_s=d2h_s, launch_s=launch_s,
+                         attention=attention)
+
+
+def _time_attention(dev: torch.device, timed: Callable[..., float]) -> tuple[int, int, int, int, str, float]:
+    """One causal bf16 SDPA forward and backward of :data:`ATTENTION_SHAPE` (the kernel SDPA picks here)."""
+    b, h, seq, hd = ATTENTION_SHAPE
+    q, k, v = (torch.randn(b, h, seq, hd, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, h, seq, hd, device=dev, dtype=torch.bfloat16)
+
+    def step() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    return b, h, seq, hd, str(Dtype.BF16), timed(step)
 
 
 def calibrated_device_clock(row, *, timings: DeviceTimings | None = None, device: str = "cuda"):
