@@ -154,8 +154,8 @@ _ASSUMED = ("assumed, no measurement read: streaming kernels at 80% of the datas
 _MAMF = ("Bekman, ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison "
          "table' (BF16 matmul, best shape of mamf-finder.py's search): ")
 _FITTED = ("fitted: the median measured/priced step over the held-in rows of benchmarks/planner_published.py "
-           "(MosaicML llm-foundry's {table} table at sequence 2048 on 8 GPUs, {n} rows; the A100 40GB rows, the IBM/Meta "
-           "FSDP blog's and TinyLlama's are held out)")
+           "(MosaicML llm-foundry's {table} table at sequence 2048 on 8 GPUs, {n} rows; the A100 40GB rows, the "
+           "IBM/Meta FSDP blog's and TinyLlama's are held out)")
 _EAGER_AMPERE = 0.78
 _EAGER_HOPPER = 0.67
 _FITTED_AMPERE = _FITTED.format(table="A100 80GB", n=9)

@@ -46,13 +46,13 @@ def ring_bandwidth(*, intra: float | None, inter: float | None, nodes: int, per_
     """Bytes/s per device of a ring collective: ``intra`` (the device's link inside a node) when the ring stays in
     one node; spanning nodes, its slowest hop.
 
-    ``inter`` is each device's share of its node's network. With ``channel_per_nic`` (NCCL on a GPU node with one
-    NIC per GPU), NCCL runs one ring channel per NIC: each channel crosses a node boundary at its own NIC and carries
-    1/channels of the buffer, so the node's NICs together (``inter x per_node``) carry what one device's share of the
-    ring sends, and the hop is ``min(intra, inter x per_node)``. Measured figures agree: NVIDIA/nccl-tests issues
-    100, 119 and 175 (8 A100s and four 200 Gb/s NICs per node) report 85-96 GB/s of all-reduce bus bandwidth across
-    nodes, against the four NICs' 100 GB/s together (one NIC's 25 GB/s would cap it far lower). Without it (gloo on
-    CPUs: one ring, one TCP stream per hop), the hop is ``inter``.
+    ``inter`` is each device's share of its node's network. With ``channel_per_nic`` (NCCL on GPU nodes), NCCL
+    runs one ring channel per NIC: each channel crosses a node boundary at its own NIC and carries 1/channels of the
+    buffer, so the node's NICs together (``inter x per_node``) carry what one device's share of the ring sends, and
+    the hop is ``min(intra, inter x per_node)``. Measured figures agree: NVIDIA/nccl-tests issues 100, 119 and 175
+    (8 A100s and four 200 Gb/s NICs per node) report 85-96 GB/s of all-reduce bus bandwidth across nodes, against
+    the four NICs' 100 GB/s together (one NIC's 25 GB/s would cap it far lower). Without it (gloo on CPUs: one
+    ring, one TCP stream per hop), the hop is ``inter``.
     """
     if nodes <= 1:
         return intra

@@ -423,11 +423,11 @@ def calibrated_clock_facts(facts: dict, timings: DeviceTimings) -> tuple[dict, f
     measured runs at); the copy's bytes read and written over its time, as a share of the datasheet HBM
     bandwidth, is ``hbm_share``; the tiny GEMM's time per call is ``kernel_s``; the slower direction of the
     pinned copies is the host link (bytes/s, one direction). Shares are capped at 1 (a boost clock above the
-    datasheet's can measure a little over it). The causal attention's forward and backward, timed through SDPA, gives
-    ``attention_share``: its FLOPs as the clock counts them (the causal half of QK^T and AV, the backward
-    ``FLASH_BACKWARD`` times the forward) over its time and the peak. The skinny GEMMs are priced with the calibrated facts and their
-    predicted/measured ratio goes into the source line: how well the roofline holds on this device. Every
-    source line says what was measured here, replacing the table's lines for the same terms."""
+    datasheet's can measure a little over it). The causal attention's forward and backward, timed through SDPA,
+    gives ``attention_share``: its FLOPs as the clock counts them (the causal half of QK^T and AV, the backward
+    ``FLASH_BACKWARD`` times the forward) over its time and the peak. The skinny GEMMs are priced with the
+    calibrated facts and their predicted/measured ratio goes into the source line: how well the roofline holds on
+    this device. Every source line says what was measured here, replacing the table's lines for the same terms."""
     peak = facts["peak_flops"]
     largest: dict[str, tuple[float, float]] = {}  # dtype -> (flops, seconds) of its largest GEMM
     for _, m, n, k, dtype, s in timings.gemms:
@@ -463,7 +463,7 @@ def calibrated_clock_facts(facts: dict, timings: DeviceTimings) -> tuple[dict, f
                   f"({LAUNCH_SHAPE}^3 GEMMs back to back); host link {host / 1e9:.1f} GB/s per direction (pinned "
                   f"copies, the slower way)" + attention + (f"; {'; '.join(skinny)}" if skinny else ""))
     kept = tuple(line for line in facts.get("sources", ()) if not line.startswith("kernel shares"))
-    unmeasured = "links and the eager share" if timings.attention is not None else "attention, links and the eager share"
+    unmeasured = ("" if timings.attention is not None else "attention, ") + "links and the eager share"
     out["sources"] = (measured, *kept, f"{unmeasured}: the table's (not measured here)")
     return out, host
 
