@@ -31,3 +31,6 @@ info = {"rank": state.process_index, "distributed_type": str(state.distributed_t
         "local_numel": (p.to_local() if hasattr(p, "to_local") else p).numel(), "numel": p.numel(),
         "steps": trainer.state.global_step}
 open(f"{out_dir}/rank{state.process_index}.json", "w").write(json.dumps(info))
+if torch.distributed.is_initialized():  # as a torchrun script should end: without it a rank's gloo threads can
+    torch.distributed.barrier()  # still be running at interpreter exit (one CI run: "terminate called without an
+    torch.distributed.destroy_process_group()  # active exception", SIGABRT on rank 1 after both ranks had trained)

@@ -35,3 +35,6 @@ info = {"rank": trainer.global_rank, "world_size": trainer.world_size, "strategy
         "wrapper": module.wrapper, "steps": trainer.global_step,
         "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None}
 open(f"{out_dir}/rank{trainer.global_rank}.json", "w").write(json.dumps(info))
+if torch.distributed.is_initialized():  # as a torchrun script should end: without it a rank's gloo threads can
+    torch.distributed.barrier()  # still be running at interpreter exit (one CI run: "terminate called without an
+    torch.distributed.destroy_process_group()  # active exception", SIGABRT on rank 1 after both ranks had trained)
