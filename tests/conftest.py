@@ -12,10 +12,11 @@ has to remember it:
 
 ``pytest --fast`` is the edit loop's tier: it leaves out ``slow``, ``distributed``, ``cli`` and ``hf`` tests and runs
 each property test (hypothesis) with a quarter of its examples. The full suite (CI, ``.ci/run``) runs everything at
-the full example counts, in two pytest-xdist worker processes (``-n 2 --dist loadgroup``, one per core of the CI
-machine). Each worker runs torch on one thread, and so do the processes its tests start: threads that outnumber the
-cores spin against each other. The ``alone`` tests, which compare measured times, run in one worker with the machine
-to themselves. ``-m pure`` and the like select one tier.
+the full example counts, in two pytest-xdist worker processes (``-n 2 --dist loadfile``, one per core of the CI
+machine; each test file runs whole in one worker, so a module's fixtures are built once). Each worker runs torch on
+one thread, and so do the processes its tests start: threads that outnumber the cores spin against each other. The
+``alone`` tests, which compare measured times, run with the machine to themselves (two file locks shared by the
+workers, :func:`pytest_runtest_protocol`). ``-m pure`` and the like select one tier.
 """
 
 import atexit
@@ -90,8 +91,8 @@ ALONE = (
     "tests/reliability/test_input_regressions.py::test_profile_output_paths_are_checked_before_profiling",
 )
 """Tests that compare a measured time with a prediction or a bound in seconds: ``alone``. Under
-pytest-xdist they run one after another in one worker (``xdist_group``, ``--dist loadgroup``) with the machine to
-themselves (:func:`pytest_runtest_protocol`); the other tests run two at a time."""
+pytest-xdist each runs with the machine to itself (:func:`pytest_runtest_protocol`: the other worker's current test
+ends first and no other starts beside it); the other tests run two at a time."""
 
 HF_FIXTURES = {"transformers", "llama_dir", "saved_llama", "model_dir"}
 """Fixtures that build or load a Hugging Face model: their tests are ``hf`` too."""
@@ -157,8 +158,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in _tier(item.nodeid) + (["hf"] if _needs_transformers(item) else []):
             item.add_marker(name)
-        if _alone(item):
-            item.add_marker(pytest.mark.xdist_group("alone"))  # one worker runs them, one after another
     if not config.getoption("--fast"):
         return
     left_out = {i.nodeid for i in items if any(i.get_closest_marker(m) for m in FAST_LEAVES_OUT)}
