@@ -309,11 +309,12 @@ class _LoopState:
 
 def _say_refits(bar, events: list[dict], rank: int) -> None:
     """Auto-fit names what it changed (rank 0, above the bar)."""
+    if rank != 0:
+        return
     for ev in events:
-        if rank == 0:
-            bar.write(f"trainfit: auto-fit: out of memory in step {ev['step']}: micro-batch {ev['from'][0]} x "
-                      f"accumulation {ev['from'][1]} -> {ev['to'][0]} x {ev['to'][1]} (global batch kept)",
-                      file=sys.stderr)
+        bar.write(f"trainfit: auto-fit: out of memory in step {ev['step']}: micro-batch {ev['from'][0]} x "
+                  f"accumulation {ev['from'][1]} -> {ev['to'][0]} x {ev['to'][1]} (global batch kept)",
+                  file=sys.stderr)
 
 
 def _step_record(run: Run, s: _LoopState, res: StepResult, *, done: int, lr: float, phases: dict, t0: float,

@@ -131,7 +131,8 @@ def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **o
     cfg = make_config(values)
     check_unique_keys("model_config", cfg.model_config)  # the user's text (a preset's expansion may repeat keys)
     given = {k for k in RUN_FLAGS if getattr(args, k, None) is not None}
-    refuse_overridden(cfg.section("distribution"), cfg.section("levers"), given=given)  # the front door's refusals (trainfit.front.request), said the same way
+    # the front door's refusals (trainfit.front.request), said the same way
+    refuse_overridden(cfg.section("distribution"), cfg.section("levers"), given=given)
     refuse_unused(cfg, given=given)
     note = precision_alias_note(values.get("precision"))
     if note:  # accepted: another tool's spelling, echoed as trainfit's name

@@ -246,15 +246,14 @@ def _optimizer_offloaded(b: Basis, c: Candidate, facts: StrategyFacts, state: _M
     and their sharded gradients on the host: the device holds what it gathers (zero2 the whole compute
     copy through backward, zero3 one unit at a time) and the unsharded gradients a deferred window
     accumulates across its micro-batches."""
+    off = state._replace(optimizer=0.0, step_temp=0.0)
     if not facts.fsdp:
-        return _ModelState(params=state.params, grads=state.grads, step_grads=state.step_grads, optimizer=0.0,
-                           step_temp=0.0)
+        return off
     params = _unit_compute_bytes(b) if facts.reshard_after_forward else b.n_params * b.compute_bytes_per_param
     deferred = c.accumulation > 1 and c.grad_sync == GradSync.DEFERRED
     # the whole gradients a deferred window accumulates stay on the device (and the window's fix, above)
-    grads = (b.grads_bytes if deferred else 0.0) + window_fix
-    step_grads = b.grads_bytes if deferred else 0.0
-    return _ModelState(params=params, grads=grads, step_grads=step_grads, optimizer=0.0, step_temp=0.0)
+    return off._replace(params=params, grads=(b.grads_bytes if deferred else 0.0) + window_fix,
+                        step_grads=b.grads_bytes if deferred else 0.0)
 
 
 def activation_precision(strategy: str, precision: str) -> str:

@@ -302,14 +302,13 @@ def _bases(c: Candidate, basis: Callable[[str, str], Basis],
            cache: dict[tuple[str, str], Basis]) -> tuple[Basis, Basis | None]:
     """(the basis of ``c``'s pair, the basis its activations come from where the strategy computes in another
     precision, else None), each asked of ``basis`` once and kept in ``cache``."""
-    b = cache.setdefault((c.precision, c.checkpointing), None) or basis(c.precision, c.checkpointing)
-    cache[(c.precision, c.checkpointing)] = b
+    def cached(p: str) -> Basis:
+        if (p, c.checkpointing) not in cache:
+            cache[(p, c.checkpointing)] = basis(p, c.checkpointing)
+        return cache[(p, c.checkpointing)]
+
     ap = activation_precision(c.strategy, c.precision)
-    act_b = None
-    if ap != c.precision:
-        act_b = cache.get((ap, c.checkpointing)) or basis(ap, c.checkpointing)
-        cache[(ap, c.checkpointing)] = act_b
-    return b, act_b
+    return cached(c.precision), (cached(ap) if ap != c.precision else None)
 
 
 def _offload_reason(c: Candidate, b: Basis, act_b: Basis | None, mem: Memory, t: Time, lk: Links) -> str:

@@ -277,19 +277,16 @@ class _Calibration:
     def links(self, p: str, ck: str = "none") -> Links:
         """(p, ck)'s links, found once: derived from p's fit past the pair budget, bounded where screening says
         it cannot rank first, else fitted to its measured steps."""
-        if (p, ck) in self.cache:
-            return self.cache[(p, ck)]
-        if p in self.fitted and self.fitted[p][2] > self.pair_budget_s:
-            self.cache[(p, ck)] = self.derived(p, ck)
-            return self.cache[(p, ck)]
-        ref = self.reference() if self.screen and p in self.order else p
-        if ref != p:
-            bounded = self.bounded(p, ck, ref)
-            if bounded is not None:
-                self.cache[(p, ck)] = bounded
-                return self.cache[(p, ck)]
-        self.cache[(p, ck)] = self.fit(p, ck)
+        if (p, ck) not in self.cache:
+            self.cache[(p, ck)] = self._find(p, ck)
         return self.cache[(p, ck)]
+
+    def _find(self, p: str, ck: str) -> Links:
+        if p in self.fitted and self.fitted[p][2] > self.pair_budget_s:
+            return self.derived(p, ck)
+        ref = self.reference() if self.screen and p in self.order else p
+        bounded = self.bounded(p, ck, ref) if ref != p else None
+        return bounded if bounded is not None else self.fit(p, ck)
 
 
 def compile_speedup_links(base_cfg: RunConfig, plain: Callable[..., Links], *, reps: int = 5,
