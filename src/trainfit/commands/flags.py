@@ -14,7 +14,7 @@ from typing import Any
 
 from trainfit.config import SECTIONS, load_toml, make_config
 from trainfit.errors import check_unique_keys
-from trainfit.front.request import refuse_overridden, refuse_unused
+from trainfit.front.request import refuse_conflicts
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
 from trainfit.progress import info
@@ -131,9 +131,7 @@ def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **o
     cfg = make_config(values)
     check_unique_keys("model_config", cfg.model_config)  # the user's text (a preset's expansion may repeat keys)
     given = {k for k in RUN_FLAGS if getattr(args, k, None) is not None}
-    # the front door's refusals (trainfit.front.request), said the same way
-    refuse_overridden(cfg.section("distribution"), cfg.section("levers"), given=given)
-    refuse_unused(cfg, given=given)
+    refuse_conflicts(cfg, given=given)  # the front door's refusals (trainfit.front.request), said the same way
     note = precision_alias_note(values.get("precision"))
     if note:  # accepted: another tool's spelling, echoed as trainfit's name
         info("config", note)

@@ -27,10 +27,15 @@ def config_of(config: RunConfig | None, fields: dict[str, Any]) -> RunConfig:
     if config is not None and not isinstance(config, RunConfig):
         raise ConfigError("config", type(config).__name__, "a trainfit.config.RunConfig or None")
     cfg = make_config(dict(fields), base=config)
-    given = set(fields)
+    refuse_conflicts(cfg, given=set(fields))
+    return cfg
+
+
+def refuse_conflicts(cfg: RunConfig, *, given: set[str]) -> None:
+    """The refusals of fields the caller set explicitly (``given``): overridden (:func:`refuse_overridden`) or
+    unused (:func:`refuse_unused`). The command line and the Python front door both ask here."""
     refuse_overridden(cfg.section("distribution"), cfg.section("levers"), given=given)
     refuse_unused(cfg, given=given)
-    return cfg
 
 
 def refuse_overridden(dist: DistributionSection, levers: LeversSection, *, given: set[str]) -> None:
