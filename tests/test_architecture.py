@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trainfit"
 # Layer of each module (longest matching prefix wins); a module imports only its own layer or lower ones.
 LAYERS = {
     "trainfit.errors": 0, "trainfit.units": 0, "trainfit.vocabulary": 0, "trainfit.presets": 0, "trainfit.outputs": 0,
-    "trainfit.progress": 0,
+    "trainfit.progress": 0, "trainfit.gate": 0,
     "trainfit.results": 1, "trainfit.config": 1, "trainfit.checkpoint": 1, "trainfit.data": 1, "trainfit.tasks": 1,
     "trainfit.meters": 2,
     "trainfit.levers": 3, "trainfit.strategies": 3,

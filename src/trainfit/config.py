@@ -19,7 +19,6 @@ import dataclasses
 import inspect
 import os
 import re
-import tomllib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, Literal
 import tomli_w
 
 from trainfit.errors import ConfigError, check_choice, check_int, check_number, check_patterns, check_unique_keys
+from trainfit.gate import read_document
 from trainfit.outputs import check_path_text, owns
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
@@ -492,10 +492,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(path), "an existing TOML file")
-    try:
-        data = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("config", str(path), "a valid TOML file", f"parse error: {e}") from None
+    data = read_document(p, field="config", fmt="toml")  # bounded: size, nesting, keys, integers
     if set(data) == {"train"} and isinstance(data["train"], dict):
         data = data["train"]
     values = flatten(data, where=str(path))
