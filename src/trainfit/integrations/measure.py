@@ -6,9 +6,11 @@ for the token count) and one ``metrics.jsonl`` line with the keys ``trainfit tra
 ONE chosen step (``measure_step``: that many optimizer steps done before it, so the optimizer state exists,
 as ``trainfit memory --measure`` measures its second step) runs under trainfit's
 :class:`~trainfit.meters.tracker.MemoryTracker` (params / grads / optimizer / activations / temporaries)
-and ``FlopCounterMode`` (the FLOPs per token for MFU). Both are dispatch modes that only watch: the step's
-numbers are the same with or without them. At the end, ``memory.json`` (a :class:`MemoryReport`) and
-``report.html`` are written beside ``metrics.jsonl``.
+and :class:`WatchingFlopCounter` (the FLOPs per token for MFU). Both are dispatch modes that only watch: each op
+runs as it would without them, so the step's numbers are bitwise the same (torch's ``FlopCounterMode`` does not
+promise that: it replaces an op it has no formula for by the op's decomposition -- ``silu_backward`` among them --
+whose float ops round differently, which moved a Llama's weights by 1e-9). At the end, ``memory.json`` (a
+:class:`MemoryReport`) and ``report.html`` are written beside ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any, TextIO
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from trainfit.errors import ConfigError
 from trainfit.meters.devices import calibrate_cpu, compute_dtype, peak_flops
+from trainfit.meters.flops import CPU_ATTENTION_FLOPS
 from trainfit.meters.tracker import MemoryTracker
 from trainfit.outputs import dumps_json
 from trainfit.report import write_report
@@ -56,6 +60,33 @@ class MeasureOptions:
             raise ConfigError("output_dir", self.output_dir, "a directory path or None (the tool's output dir)")
         if self.output_dir is not None and Path(self.output_dir).exists() and not Path(self.output_dir).is_dir():
             raise ConfigError("output_dir", str(self.output_dir), "a directory (this path is a file)")
+
+
+class WatchingFlopCounter(TorchDispatchMode):
+    """The FLOPs of the ops that run inside it, counted with torch's own formulas (``flop_registry``, plus the
+    CPU's fused attention) -- and each op run exactly as called.
+
+    Not ``FlopCounterMode``: for an op without a formula it runs the op's decomposition instead of the op
+    (``silu_backward`` becomes ``sigmoid``, ``mul``, ``add`` ...), which rounds differently, so a SiLU model
+    (Llama, Mistral, Qwen) trained with the callback ended with other weights than without it. An op here
+    is only ever called as it is; one without a formula counts 0 FLOPs, as the elementwise ops do there."""
+
+    FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_ATTENTION_FLOPS.items()}}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = self.FORMULAS.get(getattr(func, "_overloadpacket", None))
+        if formula is not None:
+            self.total += int(formula(*args, **kwargs, out_val=out))
+        return out
+
+    def get_total_flops(self) -> int:
+        return self.total
 
 
 def items_in(batch: Any) -> tuple[int, str]:
@@ -125,7 +156,7 @@ class StepMeter:
         self.peak_source = ""
         self.memory: MemoryReport | None = None
         self._tracker: MemoryTracker | None = None
-        self._flops: FlopCounterMode | None = None
+        self._flops: WatchingFlopCounter | None = None
         self._model: nn.Module | None = None
         self._in_backward_seen = False
 
@@ -290,7 +321,7 @@ class StepMeter:
     def _start_measuring(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self._model, self._optimizer = model, optimizer
         self._t_measure = time.perf_counter()
-        self._flops = FlopCounterMode(display=False)
+        self._flops = WatchingFlopCounter()
         self._flops.__enter__()  # outer: the tracker (inner) sees each op first and passes it on
         tracker = MemoryTracker()
         tracker.register_run(model, optimizer)
