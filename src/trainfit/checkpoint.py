@@ -30,6 +30,7 @@ import torch
 
 from trainfit.config import RunConfig
 from trainfit.errors import CheckpointError
+from trainfit.gate import RECORD, read_document
 from trainfit.tasks.identity import FIELDS as DATA_FIELDS
 from trainfit.tasks.identity import data_identity, describe, same
 
@@ -186,6 +187,17 @@ def save_checkpoint(run_dir: str | Path, step: int, payload: dict, *, keep: int 
     return path
 
 
+def read_sidecar(path: Path) -> object:
+    """The parsed ``.json`` sidecar of checkpoint ``path``, read through the gate's :data:`~trainfit.gate.RECORD`
+    bounds: a corrupt one, or one nested thousands deep, is refused in one line naming the checkpoint.
+
+    Raises:
+        CheckpointError: the sidecar is unreadable, not JSON, or past the bounds.
+    """
+    return read_document(path.with_suffix(".json"), field=f"checkpoint {path}: its checksum file", fmt="json",
+                         limits=RECORD, error=CheckpointError)
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """Verify and load one checkpoint file (``weights_only=True``: no code is unpickled).
 
@@ -198,12 +210,9 @@ def read_checkpoint(path: str | Path) -> dict:
     data = path.read_bytes()
     sidecar = path.with_suffix(".json")
     if sidecar.is_file():
-        try:
-            meta = json.loads(sidecar.read_text())
-            if not isinstance(meta, dict):  # valid JSON but not our object (e.g. "[]", "null")
-                raise ValueError
-        except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
-            raise CheckpointError(f"checkpoint {path}: its checksum file {sidecar.name} is corrupt") from None
+        meta = read_sidecar(path)
+        if not isinstance(meta, dict):  # valid JSON but not our object (e.g. "[]", "null")
+            raise CheckpointError(f"checkpoint {path}: its checksum file {sidecar.name} is corrupt")
         if meta.get("bytes") != len(data):
             raise CheckpointError(f"checkpoint {path} is truncated ({len(data)} of {meta.get('bytes')} bytes)")
         if meta.get("sha256") != hashlib.sha256(data).hexdigest():

@@ -38,6 +38,7 @@ from trainfit.config import LeversSection, RunConfig, RunSection, dump_toml
 from trainfit.engine import StepResult, evaluate
 from trainfit.errors import CheckpointError, ConfigError, TrainingStopped
 from trainfit.export import export_model
+from trainfit.gate import RECORD, read_document
 from trainfit.levers.autofit import Fitter, resolve_auto
 from trainfit.meters.timers import PhaseTimer
 from trainfit.outputs import check_run_dir, claim_run_dir
@@ -165,9 +166,10 @@ def recorded_job(run_dir: Path) -> tuple[Path, dict, int] | None:
     is_sharded = bool(sharded) and (not single or sharded[-1].stem >= single[-1].stem)  # step-00000050: zero-padded
     path = sharded[-1] if is_sharded else single[-1]
     try:
-        meta = json.loads((path / META if is_sharded else path.with_suffix(".json")).read_text())
+        meta = read_document(path / META if is_sharded else path.with_suffix(".json"), field="checkpoint",
+                             fmt="json", limits=RECORD, error=CheckpointError)  # bounded: nesting, size
         saved, world = meta.get("config"), int(meta.get("world_size", 1))  # a .pt is written by one process
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (CheckpointError, ValueError, TypeError, AttributeError):
         return None  # unreadable: the load says why
     return (path, saved, world) if isinstance(saved, dict) else None
 

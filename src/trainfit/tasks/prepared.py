@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from trainfit.errors import ConfigError
+from trainfit.gate import RECORD, read_document
 from trainfit.tasks.corpus import Sources
 from trainfit.tasks.tokenizer import BYTE, TextTokenizer, load_tokenizer, sha256_file
 
@@ -353,10 +354,7 @@ def read_sidecar(directory: Path, field: str = "data") -> dict[str, Any]:
     """The sidecar of ``directory``, its keys, their types and how they bound each other checked (not yet the
     files nor the tokenizer)."""
     path = directory / SIDECAR
-    try:
-        side = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise _bad(field, directory, f"{path} is not readable JSON ({type(e).__name__})") from None
+    side = read_document(path, field=field, fmt="json", limits=RECORD)  # bounded: size, nesting, keys, integers
     if not isinstance(side, dict) or side.get("format") != FORMAT:
         raise _bad(field, directory, f"{path} is not a {FORMAT} sidecar")
     missing = [k for k in KEYS if k not in side]
