@@ -746,6 +746,7 @@ class PrepareReport(_Typed):
     """The token file's integer type (uint16 or uint32)."""
     tokenizer: str
     removed_stale: tuple[str, ...] = ()
-    """Directories a killed prepare had left next to ``out`` (``OUT.tmp-<pid>``), removed."""
+    """Temporary directories a killed prepare had left next to ``out``, removed: only ones holding trainfit's
+    marker of a process that has ended (pid and start time) and nothing but what prepare writes."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -49,7 +49,7 @@ def prepare(*, data: str, out: str, tokenizer: str = BYTE, text_field: str = "te
                           f"{data} would read what prepare writes there; choose --out elsewhere")
     tok = load_tokenizer(check_path_text("tokenizer", tokenizer))
     sources = find_sources(data)
-    removed = clean_stale(where)  # accepted: a killed prepare's OUT.tmp-<pid> is garbage now
+    removed = clean_stale(where)  # accepted: a killed prepare's marked temporary directory is garbage now
     pieces = read_pieces(sources, text_field=text_field, text_errors=text_errors)
     side = write_prepared(where, pieces=pieces, tokenizer=tok, sources=sources, text_field=text_field, data=data,
                           progress=(sys.stderr.isatty() and bars_enabled()) if progress is None else progress)

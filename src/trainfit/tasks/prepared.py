@@ -15,19 +15,23 @@ Writing streams in bounded memory whatever the document sizes: units of at most 
 (a long document is cut where its tokenizer gives the same ids apart as together), one per CPU per call, their ids
 appended in the file's dtype as they come. It is deterministic (same inputs -> byte-identical files: no time
 stamps, sorted keys) and atomic: everything goes to ``DIR.tmp-<pid>`` first and is renamed into place at the end,
-so a failed or interrupted prepare leaves no ``DIR`` (and a killed one's ``DIR.tmp-<pid>`` is removed by the next,
-:func:`clean_stale`). Reading checks every sidecar field against the others, the tokenizer and the files (sizes,
+so a failed or interrupted prepare (Ctrl-C, SIGTERM) leaves no ``DIR`` and no ``DIR.tmp-<pid>``. That directory
+holds a marker (:data:`TEMPORARY_MARKER`: pid, process start time, boot id); a killed prepare's marked directory
+is removed by the next (:func:`clean_stale`), and nothing without a valid marker of an ended process ever is. Reading checks every sidecar field against the others, the tokenizer and the files (sizes,
 checksums, the largest id, every document's EOD) before a row is served (:func:`open_prepared`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +40,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from trainfit.errors import ConfigError
-from trainfit.gate import RECORD, read_document
+from trainfit.errors import ConfigError, TrainfitError
+from trainfit.gate import RECORD, Limits, parse_int, read_document
 from trainfit.tasks.corpus import Sources
 from trainfit.tasks.tokenizer import BYTE, TextTokenizer, load_tokenizer, sha256_file
 
@@ -262,19 +266,97 @@ def _write_tokens(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer, 
     return w
 
 
+TEMPORARY_MARKER = ".trainfit-prepare"
+"""The file inside ``OUT.tmp-<pid>`` that says trainfit made it: which process (pid, start time, boot)."""
+MARKER_FORMAT = "trainfit-prepare-temporary"
+_MARKER_LIMITS = Limits(max_bytes=4096, max_depth=2, max_items=16)
+OWN_NAMES = (TOKENS, DOCUMENTS, SIDECAR, TEMPORARY_MARKER)
+"""All a temporary directory of prepare ever holds: one holding anything else is not removed."""
+
+
+class Terminated(TrainfitError):
+    """SIGTERM arrived while prepare was writing: its temporary directory is removed, nothing else was written."""
+
+
+def _proc(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(4096)
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field 22), None when it does not
+    run or this system has no ``/proc``: with the pid, it names one process, so a reused pid is told apart."""
+    stat = _proc(f"/proc/{pid}/stat")
+    fields = stat.rpartition(")")[2].split()  # the command name in (...) may hold spaces
+    if len(fields) < 20:
+        return None
+    try:
+        return parse_int("starttime", fields[19], minimum=0)
+    except ConfigError:
+        return None
+
+
+def _boot() -> str:
+    return _proc("/proc/sys/kernel/random/boot_id").strip()
+
+
+def _owner_gone(marker: dict[str, Any]) -> bool:
+    """Whether the process that wrote ``marker`` has ended (its pid runs no more, or runs another process)."""
+    if marker["boot"] and _boot() and marker["boot"] != _boot():
+        return True  # written before this machine last started
+    if marker["start"] is None or process_start(os.getpid()) is None:  # no start times here: the pid alone
+        return not _running(marker["pid"])
+    return process_start(marker["pid"]) != marker["start"]
+
+
+def _read_marker(tmp: Path) -> dict[str, Any] | None:
+    """The marker of ``tmp`` when it is a valid one, else None (then trainfit did not make ``tmp``)."""
+    path = tmp / TEMPORARY_MARKER
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        marker = read_document(path, field="marker", fmt="json", limits=_MARKER_LIMITS)
+    except ConfigError:
+        return None
+    ok = (isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT and _count(marker.get("pid"))
+          and marker["pid"] > 0 and (marker.get("start") is None or _count(marker.get("start")))
+          and isinstance(marker.get("boot"), str))
+    return marker if ok else None
+
+
+def _remove_own(tmp: Path) -> bool:
+    """Remove ``tmp`` when it holds nothing but what prepare writes (the marker last); True when it is gone."""
+    try:
+        names = os.listdir(tmp)
+        if not set(names) <= set(OWN_NAMES) or any((tmp / n).is_dir() and not (tmp / n).is_symlink()
+                                                   for n in names):
+            return False
+        for name in sorted(names, key=lambda n: n == TEMPORARY_MARKER):
+            (tmp / name).unlink(missing_ok=True)
+        tmp.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 def clean_stale(out: Path) -> list[str]:
-    """Remove ``OUT.tmp-<pid>`` directories a prepare left when it was killed (its pid no longer runs).
+    """Remove the temporary directories beside ``out`` that a prepare made and marked and could not remove itself
+    (killed: SIGKILL, out of memory), judged by their marker alone, never by name: a directory without a valid
+    :data:`TEMPORARY_MARKER`, one whose process still runs (pid and start time), or one holding anything prepare
+    does not write is left as it is.
 
     Returns:
-        The names removed (one left by a process still running, or another user's, is left alone).
+        The names removed.
     """
     removed = []
     for tmp in sorted(out.parent.glob(f"{glob.escape(out.name)}.tmp-*")):
-        pid = tmp.name.rpartition(".tmp-")[2]
-        if not (pid.isdigit() and tmp.is_dir() and not tmp.is_symlink()) or _running(int(pid)):
+        if tmp.is_symlink() or not tmp.is_dir():
             continue
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not tmp.exists():
+        marker = _read_marker(tmp)
+        if marker is not None and _owner_gone(marker) and _remove_own(tmp):
             removed.append(tmp.name)
     return removed
 
@@ -289,6 +371,46 @@ def _running(pid: int) -> bool:
     return True
 
 
+def make_temporary(out: Path) -> Path:
+    """A new directory ``OUT.tmp-<pid>`` (``OUT.tmp-<pid>-<n>`` when that name is taken: never reused) holding
+    the marker that lets a later prepare remove it once this process has ended."""
+    pid = os.getpid()
+    marker = json.dumps({"format": MARKER_FORMAT, "pid": pid, "start": process_start(pid), "boot": _boot()})
+    for n in range(1000):
+        tmp = out.parent / (f"{out.name}.tmp-{pid}" + (f"-{n}" if n else ""))
+        try:
+            tmp.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        try:
+            (tmp / TEMPORARY_MARKER).write_text(marker + "\n")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # just made by this exclusive mkdir
+            raise
+        return tmp
+    raise ConfigError("--out", str(out), "a directory whose parent can hold a temporary directory",
+                      f"{out.name}.tmp-{pid} and 999 more names beside it are taken")
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` inside the block (in the main thread), so the block's cleanup runs as
+    for Ctrl-C; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated("prepare: terminated (SIGTERM); its temporary directory was removed and --out was not "
+                         "written")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def write_prepared(out: Path, *, pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer, sources: Sources,
                    text_field: str, data: str, progress: bool = False) -> dict[str, Any]:
     """Tokenize the documents of ``pieces`` (:func:`trainfit.tasks.corpus.read_pieces`) into ``out`` (a new or
@@ -300,42 +422,50 @@ def write_prepared(out: Path, *, pieces: Iterable[tuple[str, bool]], tokenizer: 
     Raises:
         ConfigError: naming ``data`` when no document gives a label (nothing is left behind). On any exception,
             Ctrl-C included, ``OUT.tmp-<pid>`` is removed.
+        Terminated: SIGTERM arrived (in the main thread); ``OUT.tmp-<pid>`` is removed.
     """
-    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-        tokens, docs = _HashedFile(tmp / TOKENS), _HashedFile(tmp / DOCUMENTS)
-        bar = tqdm(unit="tok", unit_scale=True, desc="prepare", file=sys.stderr, disable=not progress,
-                   dynamic_ncols=True)
-        with tokens.f, docs.f, bar:
-            w = _write_tokens(pieces, tokenizer, tokens, docs, bar)
-        if w.n_documents == 0:
-            raise ConfigError("data", data, "data holding at least one non-empty document",
-                              f"all {w.skipped} document(s) are empty")
-        sidecar = {
-            "format": FORMAT, "version": VERSION,
-            "tokenizer": {"name": tokenizer.name if not tokenizer.sha256 else str(Path(tokenizer.name).resolve()),
-                          "sha256": tokenizer.sha256},  # a directory as an absolute path: train runs from anywhere
-            "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id, "dtype": token_dtype(tokenizer.vocab_size),
-            "n_tokens": w.n_tokens, "n_documents": w.n_documents, "skipped_documents": w.skipped,
-            "max_id": w.max_id,
-            "files": {TOKENS: {"bytes": tokens.n, "sha256": tokens.h.hexdigest()},
-                      DOCUMENTS: {"bytes": docs.n, "sha256": docs.h.hexdigest()}},
-            "sources": [{"path": s.path, "size_bytes": s.size_bytes} for s in sources.files],
-            "text_field": text_field,
-        }
-        (tmp / SIDECAR).write_text(json.dumps(sidecar, indent=1, sort_keys=True) + "\n")
-        _move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _sigterm_raises():
+        tmp = make_temporary(out)
+        try:
+            return _write_into(tmp, out, pieces=pieces, tokenizer=tokenizer, sources=sources,
+                               text_field=text_field, data=data, progress=progress)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # made by this call (an exclusive mkdir): all of it is ours
+            raise
+
+
+def _write_into(tmp: Path, out: Path, *, pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer,
+                sources: Sources, text_field: str, data: str, progress: bool) -> dict[str, Any]:
+    """The work of :func:`write_prepared` inside its temporary directory ``tmp``, then moved into ``out``."""
+    tokens, docs = _HashedFile(tmp / TOKENS), _HashedFile(tmp / DOCUMENTS)
+    bar = tqdm(unit="tok", unit_scale=True, desc="prepare", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True)
+    with tokens.f, docs.f, bar:
+        w = _write_tokens(pieces, tokenizer, tokens, docs, bar)
+    if w.n_documents == 0:
+        raise ConfigError("data", data, "data holding at least one non-empty document",
+                          f"all {w.skipped} document(s) are empty")
+    sidecar = {
+        "format": FORMAT, "version": VERSION,
+        "tokenizer": {"name": tokenizer.name if not tokenizer.sha256 else str(Path(tokenizer.name).resolve()),
+                      "sha256": tokenizer.sha256},  # a directory as an absolute path: train runs from anywhere
+        "vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id, "dtype": token_dtype(tokenizer.vocab_size),
+        "n_tokens": w.n_tokens, "n_documents": w.n_documents, "skipped_documents": w.skipped,
+        "max_id": w.max_id,
+        "files": {TOKENS: {"bytes": tokens.n, "sha256": tokens.h.hexdigest()},
+                  DOCUMENTS: {"bytes": docs.n, "sha256": docs.h.hexdigest()}},
+        "sources": [{"path": s.path, "size_bytes": s.size_bytes} for s in sources.files],
+        "text_field": text_field,
+    }
+    (tmp / SIDECAR).write_text(json.dumps(sidecar, indent=1, sort_keys=True) + "\n")
+    _move_into_place(tmp, out)
     return sidecar
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``; into an existing (forced) directory the sidecar goes last, after the old one
     is removed, so no moment shows a sidecar next to files it does not describe."""
+    (tmp / TEMPORARY_MARKER).unlink()  # not carried into out (a crash from here on leaves an unmarked tmp: kept)
     if not out.exists():
         os.rename(tmp, out)
         return
