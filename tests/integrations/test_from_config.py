@@ -149,8 +149,14 @@ def test_plan_from_file_takes_the_job_and_ranks_it(tmp_path):
 
 
 BAD = [
-    ("missing.json", None, "an existing file"),
-    ("broken.json", "{per_device_train_batch_size: [", "neither valid JSON nor valid YAML"),
+    ("missing.json", None, "an existing JSON file"),
+    ("broken.json", "{per_device_train_batch_size: [", "a valid JSON document (parse error"),
+    ("broken.yaml", "a: [1\nb: }", "a valid YAML document (parse error"),
+    ("twice.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\nnum_processes: 4\n",
+     "'num_processes' is given twice"),
+    ("twice.json", '{"per_device_train_batch_size": 2, "per_device_train_batch_size": 8}', "given twice"),
+    ("sup.json", '{"per_device_train_batch_size": "\u00b2"}', "per_device_train_batch_size='\u00b2'"),
+    ("long.json", '{"per_device_train_batch_size": "' + "9" * 5000 + '"}', "ASCII digits"),
     ("list.json", "[1, 2]", "does not hold a mapping"),
     ("other.json", '{"foo": 1, "bar": 2}', "match none of these formats"),
     ("fp8.yaml", "distributed_type: MULTI_GPU\nmixed_precision: fp8\n", "mixed_precision='fp8'"),

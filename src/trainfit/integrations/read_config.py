@@ -17,13 +17,17 @@ hybrid sharding) is refused naming the key, the value and what is allowed, never
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import trainfit.gate as gate
 from trainfit.errors import SHOWN_CHARS, ConfigError
+from trainfit.vocabulary import strategy_facts
 
 Tool = Literal["transformers", "accelerate", "lightning"]
 
@@ -98,12 +102,23 @@ class FromConfig:
         read = ", ".join(f"{k}={_show(v)}" for k, v in self.read.items())
         label = TOOL_LABELS[self.tool]
         out = [f"trainfit: read from {self.path} ({label}): {read or 'nothing'} -> {sets or 'nothing'}",
-               f"trainfit: ignored from {self.path}: {', '.join(self.ignored) or 'nothing'}"]
+               f"trainfit: ignored from {self.path}: {gate.listed(self.ignored, 40) or 'nothing'}"]
         out.extend(f"trainfit: note: {n}" for n in self.notes)
         if overridden:
             out.append("trainfit: flags override the file: "
-                       + ", ".join(f"{k}={v} (file: {self.values[k]})" for k, v in overridden.items()))
+                       + ", ".join(f"{k}={v} (file: {self._file_value(k)})" for k, v in overridden.items()))
         return out
+
+    def _file_value(self, key: str) -> Any:
+        """The file's value for ``key``; the global batch is not a key of any file but the product of its
+        per-device batch, accumulation and devices."""
+        if key in self.values:
+            return self.values[key]
+        if key == "global_batch":
+            v = self.values
+            devices = f"{v['devices']} devices" if "devices" in v else "the devices of its launch"
+            return f"per-device batch {v.get('micro_batch')} x accumulation {v.get('accumulation', 1)} x {devices}"
+        return "not set"
 
     def to_dict(self, overridden: Mapping[str, Any]) -> dict[str, Any]:
         """The ``--json`` ``from`` object."""
@@ -120,69 +135,36 @@ def _show(v: Any) -> str:
 
 
 def load_mapping(path: str) -> dict[str, Any]:
-    """The file's top-level mapping: JSON, else YAML. Refused (naming the file and the formats expected) when
-    it is missing, unreadable, or not a mapping."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("from", path, "an existing file: " + EXPECTED)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError("from", path, EXPECTED, f"cannot read it as UTF-8 text: {e}") from None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = _yaml_load(path, text)
-    except RecursionError:
-        data = None  # refused below, by size
-    _check_size(path, data)
+    """The file's top-level mapping, read through the one bounded reader (:func:`trainfit.gate.read_document`,
+    :data:`trainfit.gate.CONFIG`: size, nesting, keys and items, integers; a key given twice refused): JSON when
+    its text opens with ``{``, else YAML. Refused (naming the file) when it is missing, unreadable, past a bound,
+    or not a mapping."""
+    fmt = _format(path)
+    if fmt == "yaml" and importlib.util.find_spec("yaml") is None:
+        raise ConfigError("from", path, "a JSON file (reading YAML needs PyYAML)", "pip install 'trainfit[accelerate]'")
+    data = gate.read_document(path, field="from", fmt=fmt, limits=gate.CONFIG)
     if not isinstance(data, dict) or not data:
         raise ConfigError("from", path, EXPECTED, "the file does not hold a mapping of settings")
     return data
 
 
-MAX_VALUES = 100_000
-"""Most values (scalars, lists, mappings) a --from file may hold once YAML aliases are expanded: a real
-config holds hundreds; a 330-byte file of nested aliases expands to millions (a 226 MB value)."""
-
-MAX_DEPTH = 64
-"""Deepest nesting of lists and mappings a --from file may hold."""
-
-
-def _check_size(path: str, data: Any) -> None:
-    """Refuse a file whose values, expanded, exceed :data:`MAX_VALUES` or nest beyond :data:`MAX_DEPTH` (YAML
-    aliases share one object, so the count is memoised by identity: cheap however large the expansion)."""
-    counted: dict[int, int] = {}
-
-    def count(node: Any, depth: int) -> int:
-        if not isinstance(node, (dict, list)):
-            return 1
-        if depth > MAX_DEPTH:
-            raise ConfigError("from", path, EXPECTED, f"values nested deeper than {MAX_DEPTH} levels")
-        if id(node) not in counted:
-            counted[id(node)] = MAX_VALUES + 1  # a node reached again while counting it: a recursive alias
-            items = node.values() if isinstance(node, dict) else node
-            counted[id(node)] = 1 + sum(min(count(v, depth + 1), MAX_VALUES + 1) for v in items)
-        return counted[id(node)]
-
-    if data is None or count(data, 0) > MAX_VALUES:
-        raise ConfigError("from", path, EXPECTED, f"more than {MAX_VALUES:,} values once its YAML aliases are "
-                          "expanded (or nested too deep to read); write the settings out")
-
-
-def _yaml_load(path: str, text: str) -> Any:
+def _format(path: str) -> str:
+    """The format by the file's suffix (``.json``, ``.yaml``/``.yml``); for any other name ``json`` when the first
+    non-blank character opens a JSON object, else ``yaml`` (YAML also reads JSON, but a JSON file is read as JSON:
+    ``1e-5`` is a number there, a string to YAML 1.1). Only a regular file is opened here; anything else is
+    refused by the reader."""
+    p = Path(path)
+    by_suffix = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(p.suffix.lower())
+    if by_suffix:
+        return by_suffix
     try:
-        import yaml  # lazy: only YAML files need it; PyYAML comes with accelerate and transformers
-    except ImportError:
-        raise ConfigError("from", path, "a JSON file (reading YAML needs PyYAML)",
-                          "pip install 'trainfit[accelerate]'") from None
-    try:
-        return yaml.safe_load(text)
-    except RecursionError:
-        return None  # nested too deep to compose: refused by size
-    except yaml.YAMLError as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError("from", path, EXPECTED, f"neither valid JSON nor valid YAML: {first}") from None
+        if not stat.S_ISREG(p.stat().st_mode):
+            return "yaml"
+        with open(p, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return "yaml"  # the reader names the error
+    return "json" if head.lstrip().startswith(b"{") else "yaml"
 
 
 def detect(data: Mapping[str, Any], path: str) -> Tool:
@@ -195,8 +177,8 @@ def detect(data: Mapping[str, Any], path: str) -> Tool:
     best = max(scores.values())
     winners = [t for t, n in scores.items() if n == best]
     if best == 0 or len(winners) > 1:
-        raise ConfigError("from", path, EXPECTED, f"its keys ({', '.join(sorted(keys)[:6])}"
-                          f"{', ...' if len(keys) > 6 else ''}) match none of these formats")
+        raise ConfigError("from", path, EXPECTED, f"its keys ({gate.listed(sorted(map(str, keys)), 6)}) match "
+                          "none of these formats")
     return winners[0]
 
 
@@ -249,10 +231,10 @@ class _Reader:
         raise ConfigError(f"{self.path}: {key}", value, allowed, fix)
 
     def int_of(self, key: str, value: Any, minimum: int = 1) -> int:
-        ok = not isinstance(value, bool) and isinstance(value, (int, str)) and str(value).strip().lstrip("-").isdigit()
-        if not ok or int(value) < minimum:
+        """An integer the file writes as a number or as ASCII digits (:func:`trainfit.gate.parse_int`)."""
+        if not isinstance(value, (int, str)):  # a float, a list: not a count
             self.refuse(key, value, f"an integer >= {minimum}")
-        return int(value)
+        return gate.parse_int(f"{self.path}: {key}", value, minimum=minimum)
 
     def flag(self, key: str, value: Any) -> bool:
         if isinstance(value, bool):
@@ -353,11 +335,8 @@ def _read_transformers(r: _Reader) -> None:
 def _deepspeed_file(r: _Reader, name: str) -> Mapping[str, Any]:
     """The DeepSpeed JSON a TrainingArguments file names (relative to that file, then to the working directory)."""
     for p in (Path(r.path).parent / name, Path(name)):
-        if p.is_file():
-            try:
-                data = json.loads(p.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, ValueError):
-                break
+        if p.is_file():  # read as the --from file itself is: bounded, a key given twice refused
+            data = gate.read_document(p, field=f"{r.path}: deepspeed", fmt="json", limits=gate.CONFIG)
             if isinstance(data, dict):
                 return data
             break
@@ -488,11 +467,15 @@ def file_values(found: FromConfig, given: Mapping[str, Any]) -> tuple[dict[str, 
 
     Args:
         found: the file, read.
-        given: field -> the value of each flag given explicitly (None: not given).
+        given: field -> the value of each flag given explicitly (None: not given). Where it names ``devices``
+            (the command sizes a job over devices: plan, memory), a file that runs a distributed strategy must
+            say on how many (:func:`check_launch_devices`).
 
     Returns:
         (values the file sets, field -> flag value for each flag that overrides a value of the file).
     """
+    if "devices" in given:
+        check_launch_devices(found, given["devices"])
     applied, overridden = {}, {}
     for k, v in found.values.items():
         if given.get(k) is not None:
@@ -501,6 +484,26 @@ def file_values(found: FromConfig, given: Mapping[str, Any]) -> tuple[dict[str, 
         else:
             applied[k] = v
     return applied, overridden
+
+
+def check_launch_devices(found: FromConfig, devices: Any) -> None:
+    """A file whose strategy runs over several processes (``fsdp``, ``deepspeed``, a DDP strategy) is sized on the
+    processes its launch starts: the file's own count (accelerate's ``num_processes``, Lightning's ``devices``) or
+    ``--devices``. A TrainingArguments file has none (torchrun decides): without ``--devices`` it is refused in one
+    line, never sized on one device."""
+    strategy = found.values.get("strategy")
+    if devices is not None or "devices" in found.values or strategy is None:
+        return
+    if not strategy_facts(strategy).distributed:
+        return
+    keys = gate.listed(k for k in found.read if k.split(".")[-1] in _SHARDING_KEYS) or "its strategy"
+    raise ConfigError("devices", None, "the number of processes the file's launch starts (an integer >= 1)",
+                      f"{found.path} sets {keys} ({strategy}), which runs over the processes its launcher starts, "
+                      f"and does not say how many: pass --devices N (per node)")
+
+
+_SHARDING_KEYS = ("fsdp", "deepspeed", "distributed_type", "strategy", "zero_stage", "stage")
+"""The keys of a file that choose a distributed strategy (named when the device count is missing)."""
 
 
 JOB_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy")
