@@ -16,7 +16,7 @@ import warnings
 
 from trainfit.commands.flags import EXIT_USAGE, RUN_FLAGS, add_run_flags, config_from_args  # noqa: F401 -- re-exported
 import trainfit.progress as progress
-from trainfit.errors import ConfigError, TrainfitError, one_line
+from trainfit.errors import ConfigError, TrainfitError, one_line, shown
 from trainfit.logs import held_until_accepted
 
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")
@@ -27,7 +27,51 @@ HELD = ("train", "memory", "verify", "profile")
 the data, tokenizer and progress lines that came before it."""
 
 
+class _Once:
+    """An option's action that refuses a second appearance of its destination: argparse keeps the last value of a
+    repeated option silently (``--steps 5 --steps 50``, ``--devices 2 --nproc 4``, ``--measure --estimate``, two
+    ``--write-for``). Every store/store_const/store_true/store_false option of every Parser is one (registered in
+    :class:`Parser`), so the rule holds for each flag without a list of them: ``--flag=value`` and abbreviations
+    reach the same action."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        given = parser.__dict__.setdefault("_given", {})
+        if option_string is not None and self.dest in given:  # positionals are consumed once by argparse itself
+            first = given[self.dest]
+            raise ConfigError(option_string, _value_text(self, values), "each option once",
+                              f"{first[0]} {_value_text(self, first[1])} is given before it, and argparse would "
+                              "keep the last silently; keep one")
+        if option_string is not None:
+            given[self.dest] = (option_string, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _value_text(action: argparse.Action, values: object) -> str:
+    """What an option was given, as typed (a flag without a value: "on")."""
+    if action.nargs == 0:
+        return "on"
+    return " ".join(map(str, values)) if isinstance(values, list) else str(values)
+
+
+_ONCE_ACTIONS = {name: type(f"Once{cls.__name__}", (_Once, cls), {}) for name, cls in (
+    (None, argparse._StoreAction), ("store", argparse._StoreAction), ("store_const", argparse._StoreConstAction),
+    ("store_true", argparse._StoreTrueAction), ("store_false", argparse._StoreFalseAction))}
+"""The actions every Parser registers in place of argparse's own (each refuses a repeated option)."""
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for name, cls in _ONCE_ACTIONS.items():  # argument groups share this registry: their options too
+            self.register("action", name, cls)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = {}  # the options seen in this parse (a parser may parse more than once)
+        try:
+            return super().parse_known_args(args, namespace)
+        except ConfigError as e:  # a repeated option (_Once): one line, as any parse error
+            self.error(str(e))
+
     def error(self, message: str) -> None:  # one line, no usage block
         raise SystemExit(fail(message if self.prog == "trainfit" else f"{self.prog.removeprefix('trainfit ')}: {message}"))
 
@@ -85,8 +129,8 @@ def split_verbosity(argv: list[str]) -> tuple[list[str], str | None]:
             rest.extend(argv[i:])
             break
         (given if arg in VERBOSITY else rest).append(arg)
-    if len(set(given)) > 1:
-        raise ConfigError("verbosity", " ".join(given), "one of --quiet, --verbose",
+    if len(given) > 1:  # both, or one twice: each option once, as every other (Parser's _Once)
+        raise ConfigError("verbosity", " ".join(given), "one of --quiet, --verbose, once",
                           "--quiet prints warnings and errors only, --verbose adds debug lines")
     return rest, VERBOSITY[given[0]] if given else None
 

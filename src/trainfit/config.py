@@ -27,7 +27,15 @@ from typing import Any, Literal
 
 import tomli_w
 
-from trainfit.errors import ConfigError, check_choice, check_int, check_number, check_patterns, check_unique_keys
+from trainfit.errors import (
+    ConfigError,
+    check_choice,
+    check_int,
+    check_number,
+    check_patterns,
+    check_unique_keys,
+    shown,
+)
 from trainfit.gate import read_document
 from trainfit.outputs import check_path_text, owns
 from trainfit.units import parse_bytes
@@ -404,10 +412,25 @@ ALIASES = {"nproc": "devices"}
 """Earlier names of config keys, still read (a config written by an older trainfit keeps working)."""
 
 
+def unaliased(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with earlier names (:data:`ALIASES`) under the field's own; a field given under both names
+    (``nproc`` beside ``devices``) is refused, not resolved by whichever comes last."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in values.items():
+        name = ALIASES.get(key, key)
+        if name in out:
+            raise ConfigError(key, value, f"one of {spelled[name]} and {key}, not both",
+                              f"{'nproc is the earlier name of devices' if name == 'devices' else 'the same field'}"
+                              f"; {spelled[name]}={shown(out[name], 60)} is given too: keep one")
+        out[name], spelled[name] = value, key
+    return out
+
+
 def make_config(values: Mapping[str, Any], *, base: RunConfig | None = None) -> RunConfig:
     """Build a RunConfig from a mapping -- flat keys, or section tables as :func:`dump_toml` writes them
     (``{"levers": {"precision": ...}}``) -- refusing unknown keys by name."""
-    values = {ALIASES.get(k, k): v for k, v in flatten(values).items()}
+    values = unaliased(flatten(values))
     for key in values:
         if key not in FIELDS:
             raise ConfigError("config key", key, FIELDS, f"a section: write [{key}] and its keys under it"
@@ -475,7 +498,9 @@ def flat_spelling_note(keys: Any, *, where: str = "config") -> str:
     for key in keys:
         name = ALIASES.get(key, key)
         if name in SECTION_OF:
-            grouped.setdefault(SECTION_OF[name], []).append(name)
+            grouped.setdefault(SECTION_OF[name], [])
+            if name not in grouped[SECTION_OF[name]]:
+                grouped[SECTION_OF[name]].append(name)
     if not grouped:  # no key of a field: nothing to spell (make_config refuses what is unknown)
         return ""
     spelled = "; ".join(f"[{sec}] {', '.join(grouped[sec])}" for sec in SECTIONS if sec in grouped)

@@ -34,6 +34,12 @@ BASE = ["plan", "--global-batch", "64", "--device-memory", "80GiB", "--devices",
 TINY = "n_layer=2,d_model=32,n_head=2"
 
 
+def _base_without(flag: str) -> list[str]:
+    """BASE without ``flag`` and its value: a flag given twice is refused (issue 35, row 12)."""
+    i = BASE.index(flag)
+    return BASE[:i] + BASE[i + 2:]
+
+
 def _refused(capsys, args: list[str], field: str) -> str:
     """Run ``trainfit ARGS``: exit 2, nothing on stdout, one error line naming ``field=``; returns the line."""
     try:
@@ -76,7 +82,7 @@ def test_plan_answers_a_global_batch_of_10_18_in_bounded_time(capsys):
 
 def test_plan_answers_a_global_batch_of_10_18_over_devices_in_bounded_time(capsys):
     t0 = time.perf_counter()
-    out = _json(capsys, [*BASE, "--global-batch", str(10**18)])  # the later flag wins
+    out = _json(capsys, [*_base_without("--global-batch"), "--global-batch", str(10**18)])
     assert time.perf_counter() - t0 < 5
     assert all(p["micro_batch"] * p["accumulation"] * 8 == 10**18 for p in out["plans"])
 
@@ -148,7 +154,8 @@ def test_parse_bytes_is_exact_and_bounded():
     ("--precisions", "", "precisions"), ("--strategies", ",", "strategies"),
 ])
 def test_plan_numeric_flags_are_range_checked_naming_the_flag(capsys, no_search, flag, text, field):
-    msg = _refused(capsys, [*BASE, f"{flag}={text}"], field)  # "=": argparse reads -inf as a value
+    base = _base_without(flag) if flag in BASE else BASE
+    msg = _refused(capsys, [*base, f"{flag}={text}"], field)  # "=": argparse reads -inf as a value
     assert f"{field}={text!r}" in msg
 
 
@@ -290,8 +297,8 @@ def test_plan_refuses_an_unknown_model_before_search(capsys, no_search):
 
 # -- 4. outputs --------------------------------------------------------------------------------------------------------
 def _plan_args(tmp_path, *extra):
-    return ["plan", "--model-config", TINY, "--global-batch", "8", "--seq", "16", "--device-memory", "64MiB",
-            "--device", "cpu", *extra]
+    memory = [] if "--device-memory" in extra else ["--device-memory", "64MiB"]  # each flag once (issue 35, row 12)
+    return ["plan", "--model-config", TINY, "--global-batch", "8", "--seq", "16", *memory, "--device", "cpu", *extra]
 
 
 def test_write_refuses_an_existing_file_without_force_before_any_work(capsys, tmp_path, monkeypatch):

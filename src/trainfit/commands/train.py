@@ -37,10 +37,10 @@ def register(sub) -> None:
                       help="launch N processes (one per device) on this node with torch.distributed.run")
     dist.add_argument("--nodes", type=int, default=1,
                       help="nodes of the job (default 1); run the same command on each, with --node-rank")
-    dist.add_argument("--node-rank", type=int, default=0, help="with --nodes: this node's rank (0 hosts rank 0)")
-    dist.add_argument("--master-addr", default="127.0.0.1",
-                      help="with --nodes: the address of node 0, reachable from every node (default 127.0.0.1)")
-    dist.add_argument("--master-port", type=int, default=29500, help="with --nodes: a free port on node 0")
+    dist.add_argument("--node-rank", type=int, help="with --nodes: this node's rank (0 hosts rank 0)")
+    dist.add_argument("--master-addr", help="with --nodes: the address of node 0, reachable from every node "
+                                            "(default 127.0.0.1)")
+    dist.add_argument("--master-port", type=int, help="with --nodes: a free port on node 0 (default 29500)")
     dist.add_argument("--max-restarts", type=int, default=0,
                       help="with --devices: restart all workers up to N times after a failure (they resume)")
     out = add_output_group(p)
@@ -62,6 +62,22 @@ def _resume_mode(args) -> bool | str:
     return AUTO if mode == AUTO else mode == MUST
 
 
+NODE_DEFAULTS = {"node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500}
+"""The multi-node flags and their values when not given."""
+
+
+def multi_node(args) -> dict:
+    """``--node-rank``, ``--master-addr`` and ``--master-port`` as front.train's keywords; on one node they mean
+    nothing (the job runs on this machine's loopback), so one given without ``--nodes`` 2 or more is refused,
+    not silently ignored."""
+    given = {k: getattr(args, k) for k in NODE_DEFAULTS if getattr(args, k) is not None}
+    if given and args.nodes == 1:
+        key, value = next(iter(given.items()))
+        raise ConfigError("--" + key.replace("_", "-"), value, "a setting of a job of --nodes 2 or more",
+                          "one node runs on this machine alone, so it would be ignored: drop it, or add --nodes N")
+    return {**NODE_DEFAULTS, **given}
+
+
 def run_train(args) -> int:
     mode = _resume_mode(args)
     resume = mode
@@ -69,8 +85,8 @@ def run_train(args) -> int:
         resume, _ = front.resolve_resume(AUTO, args.run_dir or config_from_args(args, from_run_dir=False).run_dir)
     cfg = config_from_args(args, from_run_dir=resume,
                            **({"devices": args.devices} if args.devices is not None else {}))
-    summary = front.train(cfg, resume=resume or mode, nodes=args.nodes, node_rank=args.node_rank,
-                          master_addr=args.master_addr, master_port=args.master_port, max_restarts=args.max_restarts)
+    summary = front.train(cfg, resume=resume or mode, nodes=args.nodes, max_restarts=args.max_restarts,
+                          **multi_node(args))
     if summary is None:
         return 0
     if args.summary_out and launch.torchrun_env() is not None:  # a launched worker: its launcher prints it
