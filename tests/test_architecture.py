@@ -171,7 +171,7 @@ def test_plan_is_pure():
     probe or torch shell. The lever rules it reads import only the foundation themselves (nor does the levers
     package, which importing them runs)."""
     allowed = ("trainfit.errors", "trainfit.units", "trainfit.vocabulary", "trainfit.presets", "trainfit.plan",
-               *LEVER_RULES)
+               "trainfit.gate", *LEVER_RULES)  # the gate: the standard library's bounded reader of documents
     bad = []
     for mod, (_, v, _) in MODULES.items():
         if mod == "trainfit.levers" or mod in LEVER_RULES:

@@ -16,12 +16,12 @@ module never imports it), a value of the wrong type or range, heads that do not 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import ConfigError, check_int
+from trainfit.gate import read_document
 from trainfit.presets import GPT_PRESETS, GPTConfig, check_kv_heads, resolve_model
 
 
@@ -193,10 +193,7 @@ def _read_json(name: str) -> dict[str, object]:
     path = Path(name)
     if not path.is_file():
         raise ConfigError("model_config", str(path), "an existing JSON config file or key=value pairs")
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("model_config", str(path), "a valid JSON config file", str(e).splitlines()[0]) from None
+    values = read_document(path, field="model_config", fmt="json")  # bounded, as train reads it (tasks.hf)
     if not isinstance(values, dict):
         raise ConfigError("model_config", str(path), 'a JSON file holding one object of config keys, e.g. '
                           '{"hidden_size": 32}', f"it holds a JSON {type(values).__name__}")

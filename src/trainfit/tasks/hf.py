@@ -20,7 +20,7 @@ logits, not the model's internal mean loss, so accumulation normalises exactly.
 
 from __future__ import annotations
 
-import json
+import copy
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
+from trainfit.gate import RECORD, read_document
 from trainfit.errors import ConfigError, ModelError, TrainfitError, check_int
 from trainfit.presets import check_kv_heads
 from trainfit.tasks.base import GenericTask
@@ -168,10 +169,7 @@ def read_hf_values(config_class, text: str) -> dict[str, Any]:
         path = Path(parts.pop(0))
         if not path.is_file():
             raise ConfigError("model_config", str(path), "an existing JSON config file or key=value pairs")
-        try:
-            values = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError("model_config", str(path), "a valid JSON config file", str(e)) from None
+        values = read_document(path, field="model_config", fmt="json")  # bounded: size, depth, keys
         if not isinstance(values, dict):
             raise ConfigError("model_config", str(path), 'a JSON file holding one object of config keys, e.g. '
                               '{"hidden_size": 32}', f"it holds a JSON {type(values).__name__}")
@@ -227,8 +225,9 @@ def weight_files(directory: Path) -> list[Path]:
         files = [directory / WEIGHTS]
     elif index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            shards = sorted(set(read_document(index, field="model", fmt="json",
+                                                   limits=RECORD)["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError) as e:
             raise ConfigError("model", spec, f"a readable {WEIGHTS_INDEX}",
                               f"{index}: {type(e).__name__}: {e}") from None
         files = [directory / s for s in shards]
@@ -238,16 +237,172 @@ def weight_files(directory: Path) -> list[Path]:
     else:
         raise ConfigError("model", spec, f"a directory holding {WEIGHTS} (or {WEIGHTS_INDEX} and its shards)",
                           "save the model with save_pretrained(DIR) (safetensors is its default)")
+    weight_shapes(files, spec)  # every header parsed here, before anything is built
+    return files
+
+
+def weight_shapes(files: list[Path], spec: str) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the safetensors ``files``, from their headers alone (no tensor is read:
+    a 100 GB checkpoint costs its few kilobytes of header).
+
+    Raises:
+        ConfigError: naming ``model``: a file safetensors cannot read (corrupt, truncated).
+    """
     from safetensors import safe_open  # lazy, like transformers: only hf:DIR reads safetensors
 
+    shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as handle:
-                handle.keys()
+                shapes.update({k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()})
         except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the file is unusable either way
             raise ConfigError("model", spec, "readable safetensors weights",
                               f"{f} is corrupt or truncated ({_one_line(e, 160)})") from None
-    return files
+    return shapes
+
+
+_INDEX = re.compile(r"[0-9]+", flags=re.ASCII)
+_DEPTH_KEY = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|num_(en|de)coder_layers|(en|de)coder_layers)$")
+"""Config keys that set how many blocks a stack holds (``max_window_layers`` and the like only name some)."""
+_LEGACY_NAMES = re.compile(r"LayerNorm\.(gamma|beta)$|\.weight_[gv]$|(^|\.)model\.model\.")
+"""Tensor names transformers renames when loading an old checkpoint (its "legacy" renamings)."""
+
+
+def _stacks(names) -> dict[str, int]:
+    """``prefix -> blocks`` of every numbered list in tensor ``names`` (``model.layers.0.x``, ``model.layers.1.x``
+    -> ``{"model.layers": 2}``): the depth the names hold, counted as distinct indices."""
+    found: dict[str, set[int]] = {}
+    for name in names:
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            if _INDEX.fullmatch(part) and len(part) <= 9:
+                found.setdefault(".".join(parts[:i]), set()).add(int(part))
+    return {prefix: len(indices) for prefix, indices in found.items()}
+
+
+def _depths(values: dict[str, Any], where: str = "") -> Iterator[tuple[str, int]]:
+    """``(key, n)`` of every depth key in a config's dict, sub-configs (``text_config``) included."""
+    for key, v in values.items():
+        if isinstance(v, dict):
+            yield from _depths(v, f"{where}{key}.")
+        elif _DEPTH_KEY.search(str(key)) and isinstance(v, int) and not isinstance(v, bool):
+            yield f"{where}{key}", v
+
+
+def _check_depth_bound(config, shapes: dict[str, tuple[int, ...]], spec: str) -> None:
+    """No depth in config.json above the longest numbered list of the weights: a config saying 100,000 layers
+    over weights for 2 is refused here, before transformers spends minutes and gigabytes building it."""
+    stacks = _stacks(shapes)
+    longest = max(stacks.values(), default=0)
+    for key, n in _depths(config.to_dict()):
+        if n > longest:
+            where = max(stacks, key=stacks.get) if stacks else ""
+            held = f"{longest:,} block(s) at most ({where}.0 to {where}.{longest - 1})" if stacks else "no block list"
+            raise ConfigError("model", spec, "weights matching config.json",
+                              f"config.json says {key}={n:,}, but the weights hold {held}; fix config.json or the "
+                              "weights")
+
+
+def _names_convert(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """True where transformers renames or reshapes this checkpoint's tensors when loading (a conversion mapping
+    for the model, or old names): then only the depth is checked here, the names are transformers' to match."""
+    if any(_LEGACY_NAMES.search(k) for k in shapes):
+        return True
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+    except ImportError:  # transformers 4: no conversion mapping, only the legacy names above
+        return False
+    try:
+        return bool(get_model_conversion_mapping(model, add_legacy=False))
+    except Exception:  # noqa: BLE001 - a mapping transformers cannot build: trust nothing by name
+        return True
+
+
+def _tied(model: nn.Module) -> set[str]:
+    """Names of the parameters tied to another (saved once: absent from the checkpoint by design)."""
+    if hasattr(model, "all_tied_weights_keys"):  # transformers 5: the ties this config makes
+        return set(model.all_tied_weights_keys or ())
+    if getattr(model.config, "tie_word_embeddings", False):  # transformers 4: the ties the class can make
+        return set(getattr(model, "_tied_weights_keys", None) or ())
+    return set()
+
+
+def _ignored(cls, names: set[str], which: str) -> set[str]:
+    patterns = getattr(cls, f"_keys_to_ignore_on_load_{which}", None) or ()
+    return {n for n in names if any(re.search(p, n) for p in patterns)}
+
+
+def _aligned(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],
+             prefix: str) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's names as the model names them: a base model's weights in a model with a head gain the
+    ``base_model_prefix``, a head model's weights in a base model lose it (as transformers loads them)."""
+    if not prefix:
+        return shapes
+    mine = any(k.startswith(prefix + ".") for k in expected)
+    theirs = any(k.startswith(prefix + ".") for k in shapes)
+    if mine and not theirs:
+        return {f"{prefix}.{k}": v for k, v in shapes.items()}
+    if theirs and not mine:
+        return {k.removeprefix(prefix + "."): v for k, v in shapes.items()}
+    return shapes
+
+
+def _mismatch(model: nn.Module, cls, shapes: dict[str, tuple[int, ...]], convert: bool) -> str:
+    """How the model config.json builds differs from the weights ("" when it does not): a stack's depth, a
+    tensor's shape, and (where names are compared as they are) a tensor one side lacks."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes = _aligned(expected, shapes, getattr(cls, "base_model_prefix", ""))
+    held = _stacks(shapes)
+    for prefix, n in _stacks(expected).items():
+        if prefix in held and held[prefix] != n:
+            return f"config.json builds {n:,} block(s) under {prefix}, the weights hold {held[prefix]:,}"
+    wrong = [k for k in expected if k in shapes and shapes[k] != expected[k]]
+    if wrong:
+        return (f"{wrong[0]} is {shapes[wrong[0]]} in the weights, {expected[wrong[0]]} by config.json "
+                f"({len(wrong):,} tensor(s) differ)")
+    if convert:
+        return ""
+    missing = set(expected) - set(shapes) - _tied(model) - _ignored(cls, set(expected), "missing")
+    if missing:
+        return f"the weights lack {sorted(missing)[0]}, which config.json builds ({len(missing):,} in all)"
+    extra = set(shapes) - set(expected) - _ignored(cls, set(shapes), "unexpected")
+    if extra:
+        return f"the weights hold {sorted(extra)[0]}, which config.json does not build ({len(extra):,} in all)"
+    return ""
+
+
+_CHECKED: set[tuple] = set()
+"""Directories whose config and weights were found to match (keyed by their files' sizes and times)."""
+
+
+def check_pretrained(directory: Path, cls, config) -> None:
+    """Refuse, in one line before a model is built, a ``save_pretrained`` directory whose config.json does not
+    match its weights: every depth bounded by the weights' headers first (so the check itself stays cheap),
+    then the model built on the meta device (no memory) compared tensor by tensor with the headers. ``train``,
+    ``plan`` and the integrations ask here, so each refuses what the other refuses.
+
+    Raises:
+        ConfigError: naming ``model``: a depth, a shape, or (names compared as they are) a tensor one side lacks.
+    """
+    spec = f"hf:{directory}"
+    files = weight_files(directory)
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in [directory / "config.json", *files])
+    if key in _CHECKED:
+        return
+    shapes = weight_shapes(files, spec)
+    _check_depth_bound(config, shapes, spec)
+    try:
+        with torch.device("meta"), quiet_progress():
+            model = cls(copy.deepcopy(config))
+    except Exception as e:  # noqa: BLE001 - a config transformers accepts but cannot build a model from
+        if _is_resource_error(e):
+            raise
+        raise ConfigError("model", spec, f"a config.json {cls.__name__} can be built from",
+                          f"transformers: {_one_line(e, 200)}") from None
+    problem = _mismatch(model, cls, shapes, _names_convert(model, shapes))
+    if problem:
+        raise ConfigError("model", spec, "weights matching config.json", problem)
+    _CHECKED.add(key)
 
 
 def _pretrained_config(tf, directory: Path, model_config: str):
@@ -260,6 +415,7 @@ def _pretrained_config(tf, directory: Path, model_config: str):
         raise ConfigError("model", spec, "hf:DIR naming an existing directory, or hf:<a transformers model class>")
     if not (directory / "config.json").is_file():
         raise ConfigError("model", spec, "a directory holding config.json (as written by save_pretrained)")
+    read_document(directory / "config.json", field="model", fmt="json")  # bounded before transformers reads it
     try:
         config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - JSON errors, an unknown model_type, ...: one line naming the file
@@ -275,7 +431,7 @@ def _pretrained_config(tf, directory: Path, model_config: str):
     if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "from_pretrained")):
         raise ConfigError("model", spec, "architectures[0] naming a transformers model class",
                           f"config.json names {archs[0]!r}")
-    weight_files(directory)
+    check_pretrained(directory, cls, config)
     return cls, config
 
 
