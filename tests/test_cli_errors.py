@@ -11,11 +11,17 @@ BASE = ["train", "--steps", "1", "--model-config", "n_layer=1,d_model=32,n_head=
 @pytest.fixture
 def _run(trainfit_cli):
     """``trainfit train`` in this process (tests/conftest.py): the same stdout, stderr and exit status."""
-    def run(args, tmp_path):
-        base = BASE[:3] + BASE[5:] if "--model-config" in args else BASE  # each flag once (issue 35, row 12)
-        return trainfit_cli(*base, "--run-dir", tmp_path / "run", *args)
+    return lambda args, tmp_path: trainfit_cli(*_base(args), "--run-dir", tmp_path / "run", *args)
 
-    return run
+
+def _base(args) -> list[str]:
+    """BASE without the flags ``args`` gives itself: each flag once (a repeated one is refused, issue 35 row 12)."""
+    out, i = [BASE[0]], 1
+    while i < len(BASE):
+        if BASE[i] not in args:
+            out += BASE[i:i + 2]
+        i += 2
+    return out
 
 
 @pytest.mark.parametrize("args, needle", [

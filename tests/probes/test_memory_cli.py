@@ -52,7 +52,8 @@ def test_table_names_the_dominant_part_and_its_lever(capsys):
 ])
 def test_bad_input_is_one_line(capsys, monkeypatch, args, needle):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    rc, out, err = _run(capsys, "--estimate", "--batch", "2", "--accumulation", "1", *args)
+    split = [] if "--batch" in args else ["--batch", "2", "--accumulation", "1"]  # each flag once (issue 35)
+    rc, out, err = _run(capsys, "--estimate", *split, *args)
     assert rc == 2
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert needle in err, err
