@@ -42,7 +42,7 @@ def test_a_precision_rows_tool_names_are_the_tools_own(name):
     assert p.lightning.startswith({Dtype.FP32: "32", Dtype.BF16: "bf16", Dtype.FP16: "16"}[p.compute])
     assert p.lightning.endswith("-mixed") == (p.autocast is not None)
     if p.master_copy:
-        assert p.accelerate is None  # accelerate has no master-copy mode: written as the mixed counterpart
+        assert p.accelerate is None  # accelerate has no master-copy mode: such a row is refused, not written
     else:
         assert PrecisionType(p.accelerate) == {Dtype.FP32: PrecisionType.NO, Dtype.BF16: PrecisionType.BF16,
                                                Dtype.FP16: PrecisionType.FP16}[p.compute]

@@ -22,9 +22,8 @@ from trainfit.integrations import export_plan as ep
 # gpt-tiny on a 66 MiB CPU "device": the planner picks micro-batch 4 x accumulation 2 for a global batch of 8.
 SINGLE = ["plan", "--global-batch", "8", "--device-memory", "66MiB", "--device", "cpu", "--precisions", "bf16-mixed",
           "--checkpointings", "every:2", "--strategies", "single", "--top", "1", "--json", "--basis", "analytic"]
-ZERO3 = ["plan", "--global-batch", "32", "--device-memory", "80GiB", "--devices", "2", "--precisions",
-         "bf16-true,bf16-mixed", "--checkpointings", "full", "--strategies", "zero3", "--top", "1", "--json",
-         "--basis", "analytic"]
+ZERO3 = ["plan", "--global-batch", "32", "--device-memory", "80GiB", "--devices", "2", "--checkpointings", "full",
+         "--strategies", "zero3", "--top", "1", "--json", "--basis", "analytic"]
 
 
 def _plan(tmp_path, base, tool, name):
@@ -133,9 +132,7 @@ def test_accelerate_zero3_is_fsdp2(tmp_path):
     assert cfg.distributed_type == DistributedType.FSDP and cfg.num_processes == 2
     assert cfg.fsdp_config["fsdp_version"] == 2 and cfg.fsdp_config["fsdp_reshard_after_forward"] is True
     assert cfg.fsdp_config["fsdp_activation_checkpointing"] is True
-    assert cfg.mixed_precision == "bf16"
-    if row["precision"] == "bf16-true":  # the master-copy precision becomes bf16 autocast, said in one line
-        assert "precision: trainfit keeps bf16 weights and an fp32 master copy" in err
+    assert row["precision"] == "bf16-mixed" and cfg.mixed_precision == "bf16"  # bf16-true is not searched for it
 
 
 def test_lightning_trainer_trains_with_the_plans_row(tmp_path):
@@ -177,30 +174,36 @@ def test_lightning_zero3_builds_fsdp_and_fabric(tmp_path):
     from lightning.fabric.strategies import FSDPStrategy as FabricFSDP
     from lightning.pytorch.strategies import FSDPStrategy
 
+    from lightning.pytorch.cli import instantiate_class
+
     row, path, err = _plan(tmp_path, ZERO3, "lightning", "pl.json")
     cfg = json.loads(path.read_text())
     assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["devices"] == 2
-    assert cfg["trainer"]["strategy"] == "fsdp" and cfg["trainer"]["accumulate_grad_batches"] == row["accumulation"]
-    # Lightning refuses FSDP without a GPU: on this CPU the arguments are bound to the tool's own signatures and
-    # the strategy objects built, not run.
+    assert cfg["trainer"]["accumulate_grad_batches"] == row["accumulation"]
+    # Lightning refuses FSDP without a GPU: on this CPU the strategy objects are built by Lightning's own
+    # instantiate_class from the file and the arguments bound to the tool's own signatures, not run.
+    for section, cls in (("trainer", FSDPStrategy), ("fabric", FabricFSDP)):
+        strategy = instantiate_class((), cfg[section]["strategy"])
+        assert type(strategy) is cls and strategy.sharding_strategy.name == "FULL_SHARD"  # zero3: params sharded too
     inspect.signature(pl.Trainer).bind(**cfg["trainer"])
     inspect.signature(L.Fabric).bind(**cfg["fabric"])
-    for cls in (FSDPStrategy, FabricFSDP):
-        assert cls(**cfg["fsdp_strategy"]).sharding_strategy.name == "FULL_SHARD"  # zero3: params sharded too
     assert "Lightning's FSDPStrategy is FSDP1" in err
 
 
 @pytest.mark.parametrize("tool", ep.TOOLS)
-def test_zero1_is_refused_and_true_precision_listed_not_dropped(tool):
+def test_zero1_and_a_master_copy_precision_are_refused_the_rest_listed_not_dropped(tool):
     from trainfit.config import make_config
     from trainfit.errors import ConfigError
 
     job = {"precision": "fp16-true", "devices": 2, "micro_batch": 2, "accumulation": 3, "checkpointing": "class:Block"}
     with pytest.raises(ConfigError, match="no ZeRO-1"):  # no tool has it outside DeepSpeed: it would run DDP
         ep.export_plan(tool, make_config({**job, "strategy": "zero1"}))
-    out = ep.export_plan(tool, make_config({**job, "strategy": "ddp"}))
-    assert {"precision", "checkpointing", "accumulation"} <= {g.lever for g in out.gaps}
-    # fp16-true is written as its mixed counterpart (fp32 weights, fp16 autocast), in each tool's words
+    # fp16-true (fp16 weights + an fp32 master copy) is no tool's precision outside DeepSpeed: never written as
+    # another one (issue 35 row 5: it was written as fp16 autocast over fp32 weights)
+    with pytest.raises(ConfigError, match="DeepSpeed.*--precisions fp16-mixed"):
+        ep.export_plan(tool, make_config({**job, "strategy": "ddp"}))
+    out = ep.export_plan(tool, make_config({**job, "precision": "fp16-mixed", "strategy": "ddp"}))
+    assert {"checkpointing", "accumulation"} <= {g.lever for g in out.gaps}
     written = {"hf-trainer": lambda v: (v["fp16"], v["bf16"]) == (True, False),
                "accelerate": lambda v: v["mixed_precision"] == "fp16",
                "lightning": lambda v: v["trainer"]["precision"] == "16-mixed"}[tool]
@@ -249,10 +252,8 @@ def test_a_compiled_plan_row_is_written_as_each_tools_compile_or_listed(tmp_path
 def test_an_offloaded_plan_row_is_written_as_each_tools_fsdp_offload(tmp_path):
     """A 70B Llama on 8 devices of 80 GiB fits only with zero3's optimizer and parameters in host memory: each
     tool's file switches on its FSDP CPU offload, parsed or built by the tool itself."""
-    import inspect
-
     from accelerate.commands.config.config_args import load_config_from_file
-    from lightning.pytorch.strategies import FSDPStrategy
+    from lightning.pytorch.cli import instantiate_class
     from transformers import TrainingArguments
 
     big = ["plan", "--model", "llama-70b", "--global-batch", "64", "--seq", "2048", "--device-memory", "80GiB",
@@ -267,15 +268,20 @@ def test_an_offloaded_plan_row_is_written_as_each_tools_fsdp_offload(tmp_path):
     row, path, err = _plan(tmp_path, big, "accelerate", "acc.yaml")
     assert load_config_from_file(str(path)).fsdp_config["fsdp_offload_params"] is True
     row, path, err = _plan(tmp_path, big, "lightning", "pl.json")
-    strategy = FSDPStrategy(**json.loads(path.read_text())["fsdp_strategy"])
-    assert strategy.cpu_offload.offload_params is True
-    assert "cpu_offload" in inspect.signature(FSDPStrategy).parameters
+    strategy = instantiate_class((), json.loads(path.read_text())["trainer"]["strategy"])
+    assert strategy.cpu_offload.offload_params is True and strategy.sharding_strategy.name == "FULL_SHARD"
 
 
-def test_offload_a_tool_cannot_express_is_listed():
+@pytest.mark.parametrize("offload, says", [("optimizer", "DeepSpeed ZeRO-Offload"), ("activations", "save_on_cpu"),
+                                           ("activations,optimizer", "save_on_cpu")])
+def test_offload_a_tool_cannot_express_is_refused_not_written(offload, says):
+    """Issue 35 row 5: an optimizer offload outside FSDP (and an activation offload) has no setting in any of the
+    three files: refused in one line, never written as a plain configuration that would not fit."""
     from trainfit.config import make_config
+    from trainfit.errors import ConfigError
 
-    cfg = make_config({"offload": "optimizer,activations", "micro_batch": 2})
+    cfg = make_config({"offload": offload, "micro_batch": 2})
     for tool in ep.TOOLS:
-        gaps = [g.line() for g in ep.export_plan(tool, cfg, cpu=True).gaps if g.lever == "offload"]
-        assert len(gaps) == 2 and "DeepSpeed" in gaps[0] and "save_on_cpu" in gaps[1], (tool, gaps)
+        with pytest.raises(ConfigError, match=says) as caught:
+            ep.export_plan(tool, cfg, cpu=True)
+        assert "\n" not in str(caught.value) and f"offload={offload}" in str(caught.value)

@@ -127,8 +127,13 @@ def _space(r: _Run) -> None:
     r.host_bw = r.row.host_bytes_per_s
     if r.host_bw is None and req.calibrate:
         r.host_bw = measure_host_copy()  # cpu: offload's copies are memcpys (~0.1 s to measure)
-    offloads = req.offloads if req.offloads is not None else (OFFLOAD_CHOICES if r.host_bw else ("",))
-    subsets = {k: v for k, v in (("precisions", req.precisions), ("checkpointings", req.checkpointings),
+    offloads = req.searched_offloads(req.offloads if req.offloads is not None else
+                                     (OFFLOAD_CHOICES if r.host_bw else ("",)))
+    if req.write_for is not None:  # export_plan.unexpressed: what the tool's file cannot hold is not searched
+        r.header.append(f"--write-for {req.write_for}: searched only rows its file holds as planned (no master-copy "
+                        "precision, no optimizer offload outside zero2/zero3, no activation offload: DeepSpeed's, "
+                        "which trainfit does not write)")
+    subsets = {k: v for k, v in (("precisions", req.searched_precisions()), ("checkpointings", req.checkpointings),
                                  ("strategies", req.searched_strategies())) if v is not None}
     r.space = SearchSpace(global_batch=req.global_batch, devices=req.world_size, memory_bytes=req.device_memory,
                           headroom=req.headroom, compiles=(False,) if req.compile_speedup is None else (False, True),

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from trainfit.config import make_config
 from trainfit.errors import ConfigError, check_unique_keys
-from trainfit.integrations.export_plan import check_tool, runnable_strategies
+from trainfit.integrations.export_plan import (
+    check_tool,
+    expressible_offloads,
+    expressible_precisions,
+    runnable_strategies,
+)
 from trainfit.integrations.read_config import FromConfig, plan_job, read_from
 from trainfit.meters.devices import (
     DeviceRow,
@@ -292,8 +297,11 @@ class PlanRequest:
         if self.write_for is not None:
             check_tool(self.write_for)
             self.searched_strategies()  # a --strategies the tool would run as something else: refused now
+            self.searched_precisions()  # and a --precisions its file cannot hold
         object.__setattr__(self, "compile_speedup", _compile_speedup(self.compile_speedup, row))
         object.__setattr__(self, "offloads", _offloads(self.offloads, row, calibrate=self.calibrate))
+        if self.offloads is not None:
+            self.searched_offloads(self.offloads)  # an --offloads the tool's file cannot hold: refused now
         if self.basis not in BASIS_SOURCES:
             raise ConfigError("basis", self.basis, BASIS_SOURCES)
         if self.calibrate and row.peak_row is not None and not _calibrate().cuda_available():
@@ -319,6 +327,21 @@ class PlanRequest:
             return self.strategies
         return runnable_strategies(self.write_for, self.strategies, cpu=self.row.name == "cpu",
                                    devices=self.world_size)
+
+
+    def searched_precisions(self) -> tuple[str, ...] | None:
+        """``precisions``, or with ``write_for`` those the tool's file holds as planned (no master copy)."""
+        if self.write_for is None:
+            return self.precisions
+        return expressible_precisions(self.write_for, self.precisions)
+
+    def searched_offloads(self, settings: tuple[str, ...]) -> tuple[str, ...]:
+        """``settings`` (``offloads``, or the default), or with ``write_for`` those the tool's file holds under a
+        searched strategy (an optimizer offload under FSDP only; no activation offload)."""
+        if self.write_for is None:
+            return settings
+        return expressible_offloads(self.write_for, settings, self.searched_strategies(), devices=self.world_size,
+                                    chosen=self.offloads is not None)
 
 
 def _calibrate():

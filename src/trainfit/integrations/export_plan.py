@@ -33,6 +33,7 @@ from trainfit.config import DistributionSection, LeversSection, RunConfig, Sched
 from trainfit.errors import ConfigError
 from trainfit.outputs import check_output_file
 from trainfit.vocabulary import (
+    PRECISIONS,
     STRATEGIES,
     Dtype,
     EveryBlock,
@@ -42,6 +43,7 @@ from trainfit.vocabulary import (
     OffloadPart,
     Optimizer,
     PrecisionName,
+    StrategyName,
     mixed_counterpart,
     parse_offload,
     precision_facts,
@@ -142,6 +144,67 @@ def runnable_strategies(tool: str, chosen: tuple[str, ...] | None, *, cpu: bool,
     return None if len(runs) == len(STRATEGIES) else runs
 
 
+_NO_MASTER_COPY = {
+    "hf-trainer": "the Trainer's bf16/fp16=True is autocast over fp32 weights",
+    "accelerate": "accelerate's mixed_precision is autocast over fp32 weights",
+    "lightning": "Lightning's precision=\"{lightning}\" updates the half weights themselves, with no fp32 master copy",
+}
+
+
+def unexpressed(tool: str, *, precision: str, offload: str, strategy: str) -> str | None:
+    """Why ``tool``'s file cannot hold the row's precision or offload as planned, or None.
+
+    A written plan runs exactly as planned, or is not written: trainfit writes no DeepSpeed section, so a
+    master-copy precision (bf16-true, fp16-true), an optimizer offload outside FSDP and an activation offload have
+    no setting in any of the three files. FSDP's own CPU offload (zero2/zero3) has one in each."""
+    p = precision_facts(precision)
+    if p.master_copy:
+        return (f"{precision} keeps {p.weights} weights and an fp32 master copy the optimizer updates, which "
+                f"{tool} has only through DeepSpeed (not written by trainfit): "
+                + _NO_MASTER_COPY[tool].format(lightning=p.lightning) + f"; plan with --precisions "
+                f"{mixed_counterpart(precision)} (fp32 weights, {p.compute} autocast)")
+    parts = parse_offload(offload)
+    if OffloadPart.ACTIVATIONS in parts:
+        return (f"activation offload (tensors saved for backward kept in host memory) has no setting in {tool}'s "
+                "file: torch.autograd.graph.save_on_cpu would wrap the forward in the script; plan with --offloads "
+                "none or optimizer")
+    if OffloadPart.OPTIMIZER in parts and not strategy_facts(strategy).fsdp:
+        return (f"an optimizer offload under {strategy} is DeepSpeed ZeRO-Offload's (not written by trainfit): "
+                f"{tool} would keep the optimizer state on the device, past the plan's device peak; FSDP's CPU "
+                "offload exists only under zero2/zero3: plan with --strategies zero2,zero3 or --offloads none")
+    return None
+
+
+def expressible_precisions(tool: str, chosen: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The precisions a plan for ``tool`` searches: ``chosen`` (``--precisions``; refused if the tool's file cannot
+    hold one of them), or every precision it can hold."""
+    for name in chosen or ():
+        why = unexpressed(tool, precision=name, offload="", strategy=StrategyName.SINGLE)
+        if why is not None:
+            raise ConfigError("precisions", name, f"a precision {tool}'s file holds as planned", why)
+    return chosen or tuple(str(p) for p in PRECISIONS if unexpressed(tool, precision=p, offload="",
+                                                                    strategy=StrategyName.SINGLE) is None)
+
+
+def expressible_offloads(tool: str, settings: tuple[str, ...], strategies: tuple[str, ...] | None, *, devices: int,
+                         chosen: bool) -> tuple[str, ...]:
+    """The offload settings a plan for ``tool`` searches among ``settings`` (``chosen``: ``--offloads``, refused if
+    the tool's file can hold one under none of the searched ``strategies``; else narrowed to those it can hold).
+    An optimizer offload is held under FSDP (zero2/zero3 on several devices) only."""
+    names = strategies if strategies is not None else tuple(STRATEGIES)
+    searched = [s for s in names if devices > 1 or not strategy_facts(s).distributed] or [StrategyName.SINGLE]
+    kept = []
+    for setting in settings:
+        whys = [unexpressed(tool, precision=PrecisionName.FP32, offload=setting, strategy=s) for s in searched]
+        if all(whys):
+            if chosen:
+                raise ConfigError("offloads", setting or "none", f"an offload {tool}'s file holds as planned under "
+                                  f"{', '.join(map(str, searched))} on {devices} device(s)", whys[0])
+            continue
+        kept.append(setting)
+    return tuple(kept) or ("",)
+
+
 def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False) -> ToolConfig:
     """``cfg`` (the plan's row: ``cfg.devices`` per node) as ``tool``'s configuration.
 
@@ -151,11 +214,17 @@ def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False)
         nodes: nodes the devices are spread over (``cfg.devices`` is per node).
         cpu: the plan is for CPU processes (gloo), not accelerators.
     Raises:
-        ConfigError: an unknown tool, or a strategy the tool would run as something else (:func:`unrunnable`).
+        ConfigError: an unknown tool, a strategy the tool would run as something else (:func:`unrunnable`), or a
+            precision or offload its file cannot hold (:func:`unexpressed`): one line, nothing written.
     """
     if tool not in TOOLS:
         raise ConfigError("write-for", tool, TOOLS)
     runnable_strategies(tool, (cfg.strategy,), cpu=cpu, devices=_total_devices(cfg.section("distribution"), nodes))
+    why = unexpressed(tool, precision=cfg.precision, offload=cfg.offload, strategy=cfg.strategy)
+    if why is not None:
+        raise ConfigError("write-for", tool, f"a plan row {tool} runs as planned (precision, offload and sharding "
+                          "in its own terms)", f"the row's precision={cfg.precision}, offload={cfg.offload or 'none'}, "
+                          f"strategy={cfg.strategy}: {why}")
     if cfg.micro_batch == "auto":
         raise ConfigError("micro_batch", "auto", "an integer", "a plan row has a fixed micro-batch")
     writer = {"hf-trainer": _hf_trainer, "accelerate": _accelerate, "lightning": _lightning}[tool]
@@ -163,19 +232,6 @@ def export_plan(tool: str, cfg: RunConfig, *, nodes: int = 1, cpu: bool = False)
 
 
 # -- shared facts --------------------------------------------------------------------------------------------
-def _precision_gaps(levers: LeversSection, tool: str, setting: str) -> tuple[PrecisionName, list[Gap]]:
-    """The autocast precision the tool runs: a master-copy precision becomes its mixed counterpart."""
-    p = precision_facts(levers.precision)
-    if not p.master_copy:
-        return levers.precision, []
-    mixed = mixed_counterpart(levers.precision)
-    return mixed, [Gap(lever="precision", trainfit=f"keeps {p.weights} weights and an fp32 master copy the "
-                                                   f"optimizer updates ({levers.precision})",
-                       instead=f"{setting}: {tool} has no master-copy mode, so fp32 weights and gradients with "
-                               f"{p.compute} autocast ({mixed}); the same bytes per parameter (4+4 vs 2+2+4), "
-                               f"the update in fp32 either way")]
-
-
 def _zero1_gap(strategy: str, instead: str) -> Gap:
     """A strategy whose row shards the optimizer state by parameter (ZeRO-1): no tool has it outside DeepSpeed."""
     return Gap(lever="strategy", trainfit=f"runs {strategy}: DDP with the optimizer state sharded "
@@ -210,8 +266,7 @@ HF_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAM: "adamw_torch", Optim
 def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     lev, dist, sched = cfg.section("levers"), cfg.section("distribution"), cfg.section("schedule")
     gaps: list[Gap] = []
-    precision, more = _precision_gaps(lev, "hf-trainer", "bf16/fp16=True")
-    gaps += more
+    precision = lev.precision
     s = strategy_facts(dist.strategy)
     # Only the levers the plan chose: the user's own hyperparameters (lr, steps, schedule, seed, clipping,
     # optimizer) stay theirs -- TrainingArguments(**file) must not replace them.
@@ -257,7 +312,6 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(Gap(lever="devices", trainfit=f"launches {dist.devices} processes per node x {nodes} node(s)",
                         instead=f"not a TrainingArguments field: launch the script with torchrun "
                                 f"--nproc_per_node={dist.devices} --nnodes={nodes}"))
-    gaps += _offload_gaps(dist, lev, "fsdp_config cpu_offload")
     if lev.compile:
         args["torch_compile"] = True
         gaps.append(_compile_gap("torch_compile=True compiles the whole model once (one graph, inductor)"))
@@ -301,24 +355,6 @@ def _fsdp_cpu_offload(levers: LeversSection) -> bool:
     return OffloadPart.OPTIMIZER in parse_offload(levers.offload)
 
 
-def _offload_gaps(dist: DistributionSection, levers: LeversSection, fsdp_setting: str) -> list[Gap]:
-    """What of ``levers.offload`` a tool cannot express (FSDP's own offload it takes: ``fsdp_setting``)."""
-    parts = parse_offload(levers.offload)
-    gaps = []
-    if OffloadPart.OPTIMIZER in parts and not strategy_facts(dist.strategy).fsdp:
-        gaps.append(Gap(lever="offload", trainfit="keeps the fp32 master, gradients' host copies and the optimizer "
-                                                  "state in host memory and steps the optimizer there (single/ddp)",
-                        instead="no optimizer-only offload outside DeepSpeed ZeRO-Offload: the optimizer state stays "
-                                f"on the device (the plan's device peak does not hold); {fsdp_setting} offloads only "
-                                "under FSDP (trainfit's zero2/zero3)"))
-    if OffloadPart.ACTIVATIONS in parts:
-        gaps.append(Gap(lever="offload", trainfit="copies every tensor saved for backward to host memory "
-                                                  "(torch.autograd.graph.save_on_cpu's scheme)",
-                        instead="no setting for it without checkpointing: wrap the model's forward in "
-                                "torch.autograd.graph.save_on_cpu(pin_memory=True) in the script"))
-    return gaps
-
-
 def _compile_gap(instead: str) -> Gap:
     return Gap(lever="compile", trainfit="compiles each repeated block on its own (one graph every block reuses)",
                instead=instead + "; the plan priced the compiled step at a measured or given speed-up, which a "
@@ -331,8 +367,7 @@ def _compile_gap(instead: str) -> Gap:
 def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     lev, dist = cfg.section("levers"), cfg.section("distribution")
     gaps: list[Gap] = []
-    precision, more = _precision_gaps(lev, "accelerate", "mixed_precision")
-    gaps += more
+    precision = lev.precision
     s = strategy_facts(dist.strategy)
     values = _accelerate_values(dist, precision, nodes=nodes, cpu=cpu)
     script: dict = {"gradient_accumulation_steps": lev.accumulation}
@@ -373,7 +408,6 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_zero1_gap(dist.strategy, "accelerate has no ZeRO-1 outside DeepSpeed: MULTI_GPU/MULTI_CPU is "
                                               "DDP with the optimizer state replicated (or wrap the optimizer in "
                                               "torch.distributed.optim.ZeroRedundancyOptimizer in the script)"))
-    gaps += _offload_gaps(dist, lev, "fsdp_offload_params")
     if lev.compile:
         values["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
         gaps.append(_compile_gap("dynamo_config (backend INDUCTOR) makes accelerator.prepare compile the whole model"))
@@ -438,30 +472,22 @@ def _yaml(values: dict) -> str:
 def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
     lev, dist = cfg.section("levers"), cfg.section("distribution")
     gaps: list[Gap] = []
-    precision, more = _precision_gaps(lev, "lightning", 'precision="' + "bf16-mixed/16-mixed" + '"')
-    gaps += more
-    if precision_facts(lev.precision).master_copy:
-        gaps[-1] = Gap(lever=gaps[-1].lever, trainfit=gaps[-1].trainfit,
-                       instead=f'precision="{precision_facts(precision).lightning}": Lightning\'s '
-                               f'"{precision_facts(lev.precision).lightning}" has no fp32 '
-                               f"master copy (the optimizer would update half weights), so fp32 weights with "
-                               f"autocast; the same bytes per parameter (4+4 vs 2+2+4)")
+    precision = lev.precision
     s = strategy_facts(dist.strategy)
     strategy = s.lightning_strategy
     devices = dist.devices if s.distributed else 1
     common = {"accelerator": "cpu" if cpu else "gpu", "devices": devices, "num_nodes": nodes if s.distributed else 1,
-              "precision": precision_facts(precision).lightning, "strategy": strategy}
-    trainer = {**common, "accumulate_grad_batches": lev.accumulation}  # max_steps, clipping: the user's own
-    values: dict = {"trainer": trainer, "fabric": dict(common), "batch_size": lev.micro_batch}
+              "precision": precision_facts(precision).lightning}
+    trainer = {**common, "strategy": _lightning_strategy(s, lev, "pytorch"),
+               "accumulate_grad_batches": lev.accumulation}  # max_steps, clipping: the user's own
+    values: dict = {"trainer": trainer, "fabric": {**common, "strategy": _lightning_strategy(s, lev, "fabric")},
+                    "batch_size": lev.micro_batch}
     if s.fsdp:
-        values["fsdp_strategy"] = {"sharding_strategy": s.fsdp_sharding_strategy,
-                                   "state_dict_type": "sharded"}
-        if _fsdp_cpu_offload(lev):
-            values["fsdp_strategy"]["cpu_offload"] = True
         gaps.append(Gap(lever="strategy", trainfit=f"runs {dist.strategy} on FSDP2 (fully_shard)",
                         instead=f"Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel) with "
-                                f"sharding_strategy={values['fsdp_strategy']['sharding_strategy']}: the same "
-                                f"ZeRO stage; pass strategy=FSDPStrategy(**fsdp_strategy)"))
+                                f"sharding_strategy={s.fsdp_sharding_strategy}: the same ZeRO stage; the file's "
+                                "strategy is the object's class_path and init_args: build it with "
+                                "lightning.pytorch.cli.instantiate_class((), cfg['trainer']['strategy'])"))
         if dist.grad_sync == GradSync.PER_MICRO_BATCH:
             gaps.append(Gap(lever="grad_sync", trainfit="reduce-scatters gradients after every micro-batch",
                             instead="Lightning has no setting for it; its strategy's own accumulation applies"))
@@ -478,12 +504,24 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_token_gap("Lightning divides each training_step loss by accumulate_grad_batches: a mean of means "
                                "unless training_step returns the micro-batch's sum over the window's token count "
                                "times accumulate_grad_batches"))
-    gaps += _offload_gaps(dist, lev, "FSDPStrategy(cpu_offload=True)")
     if lev.compile:
         gaps.append(_compile_gap("Trainer and Fabric take no compile argument: call torch.compile on the model (or "
                                  "on each block) in the script"))
     text = json.dumps(values, indent=2) + "\n"
     return ToolConfig(tool="lightning", text=text, values=values, gaps=tuple(gaps), script={})
+
+
+def _lightning_strategy(s, levers: LeversSection, package: str) -> str | dict:
+    """Lightning's strategy for ``s`` (:class:`~trainfit.vocabulary.StrategyFacts`): its registered name (auto,
+    ddp), or under FSDP the strategy object as LightningCLI spells one (class_path and init_args), its sharding
+    strategy and CPU offload named: the name "fsdp" alone would run FULL_SHARD (zero3) whatever the plan's stage.
+    ``package``: ``pytorch`` (Trainer) or ``fabric`` (Fabric), each with its own FSDPStrategy class."""
+    if not s.fsdp:
+        return s.lightning_strategy
+    init: dict = {"sharding_strategy": s.fsdp_sharding_strategy, "state_dict_type": "sharded"}
+    if _fsdp_cpu_offload(levers):
+        init["cpu_offload"] = True  # FSDP1's CPUOffload(offload_params=True): sharded params, grads and the step
+    return {"class_path": f"lightning.{package}.strategies.FSDPStrategy", "init_args": init}
 
 
 def check_write_for(pair, *, force: bool = False):
