@@ -36,8 +36,9 @@ from trainfit.errors import (
     check_unique_keys,
     shown,
 )
-from trainfit.gate import read_document
+from trainfit.gate import parse_int, read_document
 from trainfit.outputs import check_path_text, owns
+from trainfit.tasks.corpus import validation_split  # a DatasetDict --data brings its own validation split
 from trainfit.units import parse_bytes
 from trainfit.vocabulary import (
     CheckpointPolicy,
@@ -63,6 +64,20 @@ MAX_WORKERS = max(8, 4 * (os.cpu_count() or 1))
 
 MAX_SEED = 2**32 - 1
 """Largest seed: torch accepts 64 bits, but numpy's legacy generators and offsets added per rank need 32."""
+
+MAX_STEPS = 10**9
+"""Most optimizer steps (and steps between checkpoints, exports, evaluations) a run is given: a billion steps is
+past any run; a larger count is a typo, and the loops and schedules would compute with it."""
+
+MAX_COUNTS: dict[str, int] = {
+    "micro_batch": 2**20, "accumulation": 2**20, "global_batch": 2**30, "seq_len": 2**24, "devices": 2**16,
+    "steps": MAX_STEPS, "dataset_size": 2**31 - 1, "checkpoint_every": MAX_STEPS, "keep_checkpoints": 10**6,
+    "max_consecutive_skips": MAX_STEPS, "save_every": MAX_STEPS, "warmup_steps": MAX_STEPS, "eval_every": MAX_STEPS,
+    "eval_batches": 2**31 - 1, "memory_cap": 2**64,
+}
+"""The largest value of each count field (``docs/reliability.md`` lists them): what one run can use, so that a
+typo (``--global-batch 10000000000000``) is refused in one line naming the bound instead of allocating, looping or
+overflowing later. Samples: 2**30 per step over all ranks, 2**20 per micro-batch; tokens: 2**24 per sequence."""
 
 _ENUMS = {"precision": PrecisionName, "strategy": StrategyName, "grad_sync": GradSync, "optimizer": Optimizer,
           "schedule": Schedule, "log": LogSink, "text_errors": TextErrors,
@@ -200,27 +215,27 @@ class RunConfig:
             check_choice(key, getattr(self, key), strategy_names() if enum is StrategyName else tuple(enum))
             object.__setattr__(self, key, enum(getattr(self, key)))
         if self.micro_batch != "auto":
-            check_int("micro_batch", self.micro_batch, minimum=1)
-        check_int("accumulation", self.accumulation, minimum=1)
-        check_int("seq_len", self.seq_len, minimum=2)
+            _check_count("micro_batch", self.micro_batch, minimum=1)
+        _check_count("accumulation", self.accumulation, minimum=1)
+        _check_count("seq_len", self.seq_len, minimum=2)
         check_compatible(self.strategy, self.precision)  # e.g. a master-copy precision cannot be sharded by FSDP2
-        check_int("devices", self.devices, minimum=1)
-        check_int("global_batch", self.global_batch, minimum=0)
+        _check_count("devices", self.devices, minimum=1)
+        _check_count("global_batch", self.global_batch, minimum=0)
         check_number("collective_timeout_s", self.collective_timeout_s, minimum=0.0)
         check_number("lr", self.lr, minimum=0.0)
         check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
         check_number("grad_clip", self.grad_clip, minimum=0.0, inclusive=True)
-        check_int("steps", self.steps, minimum=1)
+        _check_count("steps", self.steps, minimum=1)
         check_int("seed", self.seed, minimum=0, maximum=MAX_SEED,
                   fix="seeds feed torch and numpy generators, whose seeds are 32-bit here")
-        check_int("dataset_size", self.dataset_size, minimum=1)
+        _check_count("dataset_size", self.dataset_size, minimum=1)
         check_int("loader_workers", self.loader_workers, minimum=0, maximum=MAX_WORKERS,
                   fix=f"this machine has {os.cpu_count()} CPUs; each worker is a process")
-        check_int("checkpoint_every", self.checkpoint_every, minimum=0)
-        check_int("keep_checkpoints", self.keep_checkpoints, minimum=1)
-        check_int("max_consecutive_skips", self.max_consecutive_skips, minimum=1)
+        _check_count("checkpoint_every", self.checkpoint_every, minimum=0)
+        _check_count("keep_checkpoints", self.keep_checkpoints, minimum=1)
+        _check_count("max_consecutive_skips", self.max_consecutive_skips, minimum=1)
         check_number("min_loss_scale", self.min_loss_scale, minimum=0.0)
-        check_int("memory_cap", self.memory_cap, minimum=0)
+        _check_count("memory_cap", self.memory_cap, minimum=0)
 
     def _check_texts(self) -> None:
         """The model, the run directory, the checkpointing policy and the data's text fields: strings, non-empty
@@ -267,14 +282,14 @@ class RunConfig:
         if not isinstance(self.compile, bool):
             raise ConfigError("compile", self.compile, "on or off (true or false)")
         parse_offload(self.offload)  # refuses an unknown part, naming offload
-        check_int("save_every", self.save_every, minimum=0)
-        check_int("warmup_steps", self.warmup_steps, minimum=0)
+        _check_count("save_every", self.save_every, minimum=0)
+        _check_count("warmup_steps", self.warmup_steps, minimum=0)
         check_number("min_lr", self.min_lr, minimum=0.0, inclusive=True)
         if self.min_lr > self.lr:
             raise ConfigError("min_lr", self.min_lr, f"a number <= lr={self.lr:g}")
-        check_int("eval_every", self.eval_every, minimum=0)
-        check_int("eval_batches", self.eval_batches, minimum=0)
-        if self.eval_every and not (self.val_fraction or self.val_data):
+        _check_count("eval_every", self.eval_every, minimum=0)
+        _check_count("eval_batches", self.eval_batches, minimum=0)
+        if self.eval_every and not (self.val_fraction or self.val_data or validation_split(self.data)):
             raise ConfigError("eval_every", self.eval_every, "0 without a validation split",
                               "pass --val-fraction F or --val-data PATH to evaluate on")
 
@@ -331,6 +346,12 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 SECTION_OF: dict[str, str] = {key: name for name, keys in SECTIONS.items() for key in keys}
 """The section each field belongs to (the inverse of :data:`SECTIONS`)."""
+
+
+def _check_count(field: str, value: object, *, minimum: int) -> None:
+    """A count field: an integer from ``minimum`` to its bound in :data:`MAX_COUNTS`, the bound stated."""
+    check_int(field, value, minimum=minimum, maximum=MAX_COUNTS[field],
+              fix=f"at most {MAX_COUNTS[field]:,}: more than one run can use (a typo?)")
 
 
 def _field_docs() -> dict[str, str]:
@@ -393,17 +414,24 @@ def coerce(key: str, value: Any) -> Any:
         if isinstance(value, str) and value.lower() in _BOOLS:
             return _BOOLS[value.lower()]
         return value
-    if isinstance(default, int) and isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(key, value, "an integer") from None
+    if isinstance(default, int) and isinstance(value, str):  # "²" and "١٢" pass isdigit/int(): not here
+        return _int_text(key, value)
     if isinstance(default, float) and isinstance(value, (str, int)) and not isinstance(value, bool):
         try:
             return float(value)
         except ValueError:
             raise ConfigError(key, value, "a number") from None
     return value
+
+
+def _int_text(key: str, text: str) -> int:
+    """An integer field's text through the one parser (``gate.parse_int``); a count's refusal states its bound."""
+    try:
+        return parse_int(key, text)
+    except ConfigError:
+        if key not in MAX_COUNTS:
+            raise
+        raise ConfigError(key, text, f"an integer of at most {MAX_COUNTS[key]:,}", "in ASCII digits") from None
 
 
 _BOOLS = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}

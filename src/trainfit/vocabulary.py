@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trainfit.errors import ConfigError
+from trainfit.gate import parse_int
 
 
 class PrecisionName(StrEnum):
@@ -146,7 +147,7 @@ def parse_lora(spec: str) -> LoraSpec | None:
             continue
         try:
             if key == "r":
-                values[key] = int(value)
+                values[key] = parse_int("lora.r", value, minimum=1, maximum=2**16)
             elif key in ("alpha", "dropout"):
                 values[key] = float(value)
             else:
@@ -618,8 +619,8 @@ def parse_checkpoint_policy(spec: str) -> CheckpointPolicy:
         return EveryBlock()
     if s.startswith("every:"):
         try:
-            k = int(s.split(":", 1)[1])
-        except ValueError:
+            k = parse_int("checkpointing", s.split(":", 1)[1], maximum=2**20)
+        except ConfigError:
             raise ConfigError("checkpointing", spec, CHECKPOINT_SPECS) from None
         return EveryKthBlock(k=k)
     if s.startswith("class:"):

@@ -23,7 +23,7 @@ def fresh_data_cache():
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    """Four documents in sorted order a, b, c (empty), d; plus files the reader must skip."""
+    """Four documents in sorted order a, b, c (empty), d; plus files the reader must skip (hidden, __pycache__)."""
     root = tmp_path / "corpus"
     (root / "sub").mkdir(parents=True)
     (root / "a.txt").write_text("abc")
@@ -33,7 +33,6 @@ def corpus(tmp_path: Path) -> Path:
     (root / ".hidden.txt").write_text("never read")
     (root / "__pycache__").mkdir()
     (root / "__pycache__" / "x.txt").write_text("never read")
-    (root / "image.bin").write_bytes(b"\xff\x00")
     return root
 
 

@@ -15,9 +15,10 @@ from tests.reliability.cli_harness import cli
 from trainfit.cli import COMMANDS, build_parser
 
 
-def _options() -> list[tuple[str, str, int]]:
-    """(command, option string, number of values) for every option of every subcommand (help aside), read from
-    the parser itself: an option added later is covered without a list here."""
+def _options() -> list[tuple[str, str, int, str | None]]:
+    """(command, option string, number of values, the value to give or None for any text) for every option of
+    every subcommand (help aside), read from the parser itself: an option added later is covered without a list
+    here. An option with a type or choices gets a value it takes (argparse checks those before storing)."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     found = []
@@ -28,9 +29,10 @@ def _options() -> list[tuple[str, str, int]]:
             n = action.nargs if isinstance(action.nargs, int) else (0 if action.nargs == 0 else 1)
             if action.nargs == "?":
                 n = 0  # --resume: its const
+            fixed = str(action.choices[0]) if action.choices else "1" if action.type is not None else None
             for option in action.option_strings:
                 if option not in ("--quiet", "--verbose"):  # main takes these out first (checked below)
-                    found.append((name, option, n))
+                    found.append((name, option, n, fixed))
     return found
 
 
@@ -63,7 +65,7 @@ VALUE = st.text(alphabet="abcxyz0123456789./-_", min_size=1, max_size=12).filter
 
 def test_the_options_are_found():
     # the generator below draws from the parser's own options: every command contributes
-    commands = {c for c, _, _ in OPTIONS}
+    commands = {c for c, _, _, _ in OPTIONS}
     assert commands == set(COMMANDS) and len(OPTIONS) > 100
 
 
@@ -71,7 +73,9 @@ def test_the_options_are_found():
 @given(case=st.sampled_from(OPTIONS), first=st.lists(VALUE, min_size=2, max_size=2),
        second=st.lists(VALUE, min_size=2, max_size=2), how=st.sampled_from(["plain", "equals", "prefix"]))
 def test_every_option_of_every_command_given_twice_is_refused(case, first, second, how):
-    command, option, n = case
+    command, option, n, fixed = case
+    if fixed is not None:
+        first, second = [fixed] * 2, [fixed] * 2
     typed = _spell(command, option, how)
     r = cli([command, *_typed(option, n, first, how), *_typed(typed, n, second, how)])
     lines = r.err.strip().splitlines()

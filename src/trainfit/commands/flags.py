@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.config import SECTIONS, load_toml, make_config
-from trainfit.errors import check_unique_keys
+from trainfit.errors import ConfigError, check_unique_keys
+from trainfit.gate import parse_int
 from trainfit.front.request import refuse_conflicts
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
@@ -106,6 +107,21 @@ def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True,
                 flags.append("--seq")
             groups[section].add_argument(*flags, dest=key, help=RUN_FLAGS[key])
     return groups
+
+
+def integer(field: str, *, minimum: int, maximum: int | None = None):
+    """An option's ``type``: its text read by the one integer parser (``gate.parse_int``: ASCII digits, at most
+    19 of them, within ``[minimum, maximum]``) -- argparse's ``int`` takes ``"١٢"`` and ``"1_000"`` -- refused
+    naming ``field`` in one line."""
+
+    def parse(text: str) -> int:
+        try:
+            return parse_int(field, text, minimum=minimum, maximum=maximum)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = "integer"  # argparse names the type in its own messages
+    return parse
 
 
 def add_output_group(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:

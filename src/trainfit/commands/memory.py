@@ -10,8 +10,9 @@ module turns flags and TOML into their arguments and prints the report (a table,
 
 from __future__ import annotations
 
-from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
+from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args, integer
 from trainfit.commands.report import save_and_report
+from trainfit.config import MAX_COUNTS
 from trainfit.errors import ConfigError, check_int
 from trainfit.front import memory as front
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
@@ -38,7 +39,8 @@ SCALING_KEYS = ("activations_per_sample_bytes", "scaling", "per_rank", "budget_b
 def register(sub) -> None:
     p = sub.add_parser("memory", help="what fills memory in one step: parameters, gradients, optimizer, activations")
     groups = add_run_flags(p, leave_out=UNUSED)
-    groups["levers"].add_argument("--batch", type=int, help="samples per micro-batch (same as --micro-batch)")
+    groups["levers"].add_argument("--batch", type=integer("batch", minimum=1, maximum=MAX_COUNTS["micro_batch"]),
+                                  help="samples per micro-batch (same as --micro-batch)")
     how = groups["run"].add_mutually_exclusive_group()
     how.add_argument("--measure", dest="method", action="store_const", const="measure",
                      help="run two real steps and measure the second (default)")
@@ -48,10 +50,12 @@ def register(sub) -> None:
                                help="read the job from a transformers TrainingArguments JSON, an accelerate config "
                                     "YAML or Lightning Trainer arguments (flags override it)")
     dist = groups["distribution"]
-    dist.add_argument("--devices", "--world", dest="devices", type=int, default=None,
+    dist.add_argument("--devices", "--world", dest="devices", default=None,
+                      type=integer("devices", minimum=1, maximum=MAX_COUNTS["devices"]),
                       help="with --estimate: devices (ranks) per node to spread --strategy over (per-rank bytes, no "
                            "processes launched)")
-    dist.add_argument("--nodes", type=int, default=None, help="with --estimate: nodes of --devices each (default 1)")
+    dist.add_argument("--nodes", type=integer("nodes", minimum=1, maximum=MAX_COUNTS["devices"]), default=None,
+                      help="with --estimate: nodes of --devices each (default 1)")
     dist.add_argument("--device", dest="target", default="cpu",
                       help="with --estimate: the device whose kernels the trace follows (attention, dropout, "
                            "autocast, optimizer as they run there): " + ", ".join(DEVICES) +

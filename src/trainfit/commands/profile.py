@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
+from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args, integer
 from trainfit.commands.report import save_and_report
+from trainfit.config import MAX_STEPS
 from trainfit.front.profile import profile
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.report.plots import plot_profile
@@ -28,7 +29,8 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="step-time breakdown, throughput, MFU and ordered advice")
     groups = add_run_flags(p, leave_out=UNUSED)  # --steps here is the number of profiled steps (default 20)
     run = groups["run"]
-    run.add_argument("--warmup", type=int, default=3, help="steps run first and discarded (default 3)")
+    run.add_argument("--warmup", type=integer("warmup", minimum=0, maximum=MAX_STEPS), default=3,
+                     help="steps run first and discarded (default 3)")
     run.add_argument("--no-batch-probe", action="store_true", help="skip profiling a 2x micro-batch")
     run.add_argument("--no-precision-probe", action="store_true",
                      help="skip stepping the model in the other precisions that need no more memory (by default a "

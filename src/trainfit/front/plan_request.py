@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainfit.config import make_config
 from trainfit.errors import ConfigError, check_unique_keys
+from trainfit.gate import parse_int
 from trainfit.integrations.export_plan import (
     check_tool,
     expressible_offloads,
@@ -75,16 +76,18 @@ def subsets() -> dict[str, tuple[str, ...]]:
 
 
 # -- field checks (each refusal names the flag, as the command line spells it) ---------------------------------------
+PLAN_MAX = {"global-batch": 2**63 - 1, "devices": 2**24, "nodes": 2**20, "seq": 2**24, "top": 10**6,
+            "explain": 10**6}
+"""The largest value of each count plan takes: a plan is arithmetic, so it takes far more than one machine runs
+(a global batch up to 2**63 - 1, 16 million devices), but nothing past what its numbers can hold."""
+
+
 def _int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool):
+    """An integer field of the request, from Python or text, through the one integer parser (``gate.parse_int``:
+    ASCII digits only, at most 19 of them) and within ``[minimum, PLAN_MAX[name]]``."""
+    if not isinstance(value, (int, str)) or isinstance(value, bool):
         raise ConfigError(name, value, f"an integer >= {minimum}")
-    try:
-        v = int(value) if isinstance(value, (int, str)) else int(str(value))
-    except (TypeError, ValueError):
-        raise ConfigError(name, value, f"an integer >= {minimum}") from None
-    if v < minimum:
-        raise ConfigError(name, value, f"an integer >= {minimum}")
-    return v
+    return parse_int(name, value, minimum=minimum, maximum=PLAN_MAX.get(name))
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -181,13 +184,13 @@ def _job_from(found: FromConfig, *, global_batch: Any, devices: int | None,
     """``--from``: (devices per node, nodes, global batch, flags over the file) for the flags given (None: not
     given) over the file's values. The file's ``devices`` counts all ranks (``read_config.plan_job``): a flag's
     devices per node become that total here, so the file's own count and the flags' are compared alike."""
-    file_nodes = int(found.values.get("nodes", 1))
+    file_nodes = _int("nodes", found.values.get("nodes", 1))
     n = nodes if nodes is not None else file_nodes
     total = None
     if devices is not None:
         total = devices * n
     elif nodes is not None and "devices" in found.values:
-        total = int(found.values["devices"]) // file_nodes * n  # the file's devices per node, on the nodes given
+        total = _int("devices", found.values["devices"]) // file_nodes * n  # the file's devices per node, on the nodes given
     elif nodes is not None:
         total = n  # one device per node
     job, overridden = plan_job(found, global_batch=global_batch, devices=total, nodes=nodes)
@@ -264,6 +267,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 -- frozen: the checked value
         check_unique_keys("model_config", self.model_config)  # the user's text: a repeated key would silently win
+        if self.global_batch is not None:  # the job's size first: a global batch past any bound is what is named
+            _int("global-batch", self.global_batch)
         devices = None if self.devices is None else _int("devices", self.devices)
         nodes = None if self.nodes is None else _int("nodes", self.nodes)
         global_batch, optimizer = self.global_batch, self.optimizer

@@ -15,7 +15,7 @@ from trainfit.errors import ConfigError, check_choice
 from trainfit.outputs import check_output_dir, check_path_text
 from trainfit.progress import bars_enabled
 from trainfit.results import PrepareReport
-from trainfit.tasks.corpus import find_sources, read_pieces, reads_under
+from trainfit.tasks.corpus import check_text_field, find_sources, read_pieces, reads_under
 from trainfit.tasks.prepared import clean_stale, is_prepared, write_prepared
 from trainfit.tasks.tokenizer import BYTE, load_tokenizer
 from trainfit.vocabulary import TextErrors
@@ -49,6 +49,7 @@ def prepare(*, data: str, out: str, tokenizer: str = BYTE, text_field: str = "te
                           f"{data} would read what prepare writes there; choose --out elsewhere")
     tok = load_tokenizer(check_path_text("tokenizer", tokenizer))
     sources = find_sources(data)
+    check_text_field(sources, text_field)  # on text files it would be ignored
     removed = clean_stale(where)  # accepted: a killed prepare's marked temporary directory is garbage now
     pieces = read_pieces(sources, text_field=text_field, text_errors=text_errors)
     side = write_prepared(where, pieces=pieces, tokenizer=tok, sources=sources, text_field=text_field, data=data,

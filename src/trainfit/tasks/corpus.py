@@ -4,9 +4,16 @@ What a path means:
 
 * a file: read by its extension (:data:`TEXT_SUFFIXES` -> one document per file; ``.jsonl`` -> one per line;
   ``.parquet`` / ``.csv`` -> one per row). Another extension is refused, listing the formats.
+* a ``datasets`` ``save_to_disk`` folder (:data:`DATASET_FILES`): its rows, one document per row, read through
+  the ``datasets`` library (the ``datasets`` extra) from the ``.arrow`` files its state.json lists, in that order;
+  the text column is ``text_field``, as for Parquet. A ``DatasetDict`` folder (:data:`DATASET_DICT_FILE`) is read
+  as its ``train`` split; its validation split is the job's validation data unless another is given
+  (:func:`validation_split`).
 * a directory: every file under it, recursively, in sorted path order; hidden files and directories and
-  ``__pycache__`` are skipped, and files of other extensions are skipped and counted. The files of a
-  ``trainfit prepare`` directory inside it (one holding prepared.json and tokens.bin) are never documents.
+  ``__pycache__`` are skipped. A file no reader takes is refused, naming it: it is never skipped into training on
+  the rest (a ``datasets`` folder read as its JSON metadata was that). The files of a ``trainfit prepare``
+  directory inside it (one holding prepared.json and tokens.bin) are never documents; a ``datasets`` folder inside
+  it is read as its rows, its metadata never.
 * a glob (``*``, ``?``, ``[``; ``**`` recursive): the files it matches, sorted, read like a directory's.
 
 Text must be UTF-8. ``text_errors="strict"`` refuses the first invalid byte naming the file and its byte
@@ -27,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import ConfigError
+from trainfit.gate import listed, read_document
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".java", ".js",
                  ".ts", ".go", ".rs", ".sh", ".html", ".htm", ".xml", ".tex", ".json", ".toml", ".yaml", ".yml")
 """Extensions read as one plain-text document per file."""
 TABLE_SUFFIXES = (".jsonl", ".parquet", ".csv")
-FORMATS = "text files (" + " ".join(TEXT_SUFFIXES) + "), .jsonl, .parquet, .csv, a directory or glob of them, " \
-          "or a `trainfit prepare` directory"
+FORMATS = "text files (" + " ".join(TEXT_SUFFIXES) + "), .jsonl, .parquet, .csv, a `datasets` save_to_disk " \
+          "folder, a directory or glob of them, or a `trainfit prepare` directory"
 BATCH_ROWS = 4096
 """Rows per pyarrow record batch (bounded memory on a large table)."""
 READ_BYTES = 1 << 18
@@ -42,6 +50,13 @@ BOM = "\ufeff"
 """A UTF-8 byte order mark at the start of a file is not text: it is dropped (pyarrow's CSV reader does the same)."""
 PREPARED_FILES = ("prepared.json", "tokens.bin")
 """A directory holding both is a `trainfit prepare` output: its files are never read as documents."""
+DATASET_FILES = ("state.json", "dataset_info.json")
+"""A directory holding both is a ``datasets.Dataset.save_to_disk`` folder: its rows are documents, these never."""
+DATASET_DICT_FILE = "dataset_dict.json"
+"""A directory holding it is a ``datasets.DatasetDict.save_to_disk`` folder: one Dataset folder per split."""
+TRAIN_SPLIT = "train"
+VALIDATION_SPLITS = ("validation", "valid", "val", "dev")
+"""A DatasetDict's split read as validation data (the first found), unless --val-data or --val-fraction is given."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,21 +66,92 @@ class Source:
     path: str
     size_bytes: int
     kind: str
-    """"text", "jsonl", "parquet" or "csv"."""
+    """"text", "jsonl", "parquet", "csv" or "arrow" (a file of a ``datasets`` folder)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Sources:
     files: tuple[Source, ...]
-    skipped_files: int = 0
-    """Files of a directory or glob with an extension no reader takes."""
 
 
 def _kind(path: Path) -> str | None:
     s = path.suffix.lower()
+    if s == ".arrow" and dataset_kind(path.parent) == "dataset":
+        return "arrow"
     if s in TEXT_SUFFIXES:
         return "text"
     return s[1:] if s in TABLE_SUFFIXES else None
+
+
+# --------------------------------------------------------------------------------------------- datasets folders
+
+
+def dataset_kind(directory: str | Path) -> str | None:
+    """"dataset" for a ``Dataset.save_to_disk`` folder, "dict" for a ``DatasetDict`` one, else None (only the
+    names of its files are looked at: nothing is imported or read)."""
+    d = Path(directory).expanduser()
+    if (d / DATASET_DICT_FILE).is_file():
+        return "dict"
+    return "dataset" if all((d / n).is_file() for n in DATASET_FILES) else None
+
+
+def _splits(directory: Path, field: str) -> dict[str, Path]:
+    """A DatasetDict folder's splits (name -> its Dataset folder), from dataset_dict.json (read through the gate)."""
+    doc = read_document(directory / DATASET_DICT_FILE, field=field, fmt="json")
+    names = doc.get("splits") if isinstance(doc, dict) else None
+    if not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)):
+        raise ConfigError(field, str(directory / DATASET_DICT_FILE), 'a datasets dataset_dict.json: {"splits": '
+                          '["train", ...]}', "it names no splits")
+    splits = {n: directory / n for n in names}
+    for name, folder in splits.items():
+        if Path(name).name != name or dataset_kind(folder) != "dataset":
+            raise ConfigError(field, str(folder), f"the folder of split {name!r} written by save_to_disk",
+                              f"{DATASET_DICT_FILE} names it, but it holds no {' and '.join(DATASET_FILES)}")
+    return splits
+
+
+def _split_read(directory: Path, field: str) -> Path:
+    """The split of a DatasetDict that ``field`` reads: ``train`` for --data, the validation split for
+    --val-data; refused, listing the splits, where it has none."""
+    splits = _splits(directory, field)
+    wanted = VALIDATION_SPLITS if field == "val_data" else (TRAIN_SPLIT,)
+    name = next((n for n in wanted if n in splits), None)
+    if name is None:
+        raise ConfigError(field, str(directory), f"a DatasetDict with a {' or '.join(map(repr, wanted))} split, or "
+                          "one split's folder", f"its splits are {listed(splits)}; pass {directory}/SPLIT")
+    return splits[name]
+
+
+def validation_split(spec: str) -> str:
+    """The validation split's folder of the DatasetDict ``spec`` names ("" when it is none or has none): the
+    validation data of a job that names no other."""
+    d = Path(spec).expanduser() if spec and not any(c in spec for c in "*?[") else None
+    if d is None or dataset_kind(d) != "dict":
+        return ""
+    splits = _splits(d, "data")
+    return next((str(splits[n]) for n in VALIDATION_SPLITS if n in splits), "")
+
+
+def _arrow_files(folder: Path, field: str) -> list[Path]:
+    """The data files of a Dataset folder, in the order its state.json lists them (the rows' order)."""
+    state = read_document(folder / "state.json", field=field, fmt="json")
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    names = [e.get("filename") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+        raise ConfigError(field, str(folder / "state.json"), "a datasets state.json listing its .arrow files "
+                          '("_data_files")', "it lists none, or a name that is not a file of the folder")
+    files = [folder / n for n in names]
+    for f in files:
+        if not f.is_file() or f.suffix != ".arrow":
+            raise ConfigError(field, str(f), "a .arrow data file of the datasets folder",
+                              "state.json lists it, but it is missing or not .arrow; save the dataset again")
+    return files
+
+
+def _dataset_sources(directory: Path, field: str) -> list[Path]:
+    """The .arrow files a datasets folder (a Dataset, or a DatasetDict's split, :func:`_split_read`) is read from."""
+    folder = _split_read(directory, field) if dataset_kind(directory) == "dict" else directory
+    return _arrow_files(folder, field)
 
 
 def _visible(rel: Path) -> bool:
@@ -113,29 +199,71 @@ def find_sources(spec: str, *, field: str = "data") -> Sources:
     """The files ``spec`` names, in reading order.
 
     Raises:
-        ConfigError: naming ``field``: nothing at the path, a glob matching no file, a file of another format, a
-            directory or glob holding no readable file.
+        ConfigError: naming ``field``: nothing at the path, a glob matching no file, a file of another format (the
+            first such file of a directory or glob, named: none is skipped), a directory or glob holding no
+            readable file, a ``datasets`` folder whose metadata is unreadable.
     """
     path = Path(spec).expanduser()
     if any(c in spec for c in "*?["):
+        top = Path(*Path(os.path.expanduser(spec)).parts[:_glob_start(spec)] or ".")
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
-        root = Path(*Path(os.path.expanduser(spec)).parts[:_glob_start(spec)] or ".")
-        candidates = _not_prepared([p for p in found if p.is_file() and _visible(_below(p, root))])
+        candidates = _not_prepared([p for p in found if p.is_file() and _visible(_below(p, top))])
         if not candidates:
             raise ConfigError(field, spec, "a glob matching at least one file")
     elif path.is_dir():
+        top = path
         found = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p.relative_to(path)))
         candidates = _not_prepared(found)
     elif path.is_file():
-        if _kind(path) is None:
-            raise ConfigError(field, spec, FORMATS, f"{path.suffix or 'no extension'} is none of them")
+        top = None  # one file named: read as it is (one shard of a datasets folder too)
         candidates = [path]
+        if path.name in (*DATASET_FILES, DATASET_DICT_FILE) and dataset_kind(path.parent):
+            raise ConfigError(field, spec, FORMATS, f"it is the metadata of the datasets folder {path.parent}; "
+                              f"pass the folder: --{field.replace('_', '-')} {path.parent}")
     else:
         raise _not_a_file(spec, path, field)
-    files = tuple(Source(path=str(p), size_bytes=p.stat().st_size, kind=_kind(p)) for p in candidates if _kind(p))
-    if not files:
-        raise ConfigError(field, spec, FORMATS, f"none of its {len(candidates)} file(s) has one of these extensions")
-    return Sources(files=files, skipped_files=len(candidates) - len(files))
+    candidates = _datasets_read(candidates, top, field)
+    unknown = [p for p in candidates if _kind(p) is None]
+    if unknown:
+        raise _unreadable(spec, path, unknown, field)
+    if not candidates:
+        raise ConfigError(field, spec, FORMATS, "it holds no file (hidden ones and __pycache__ are not read)")
+    return Sources(files=tuple(Source(path=str(p), size_bytes=p.stat().st_size, kind=_kind(p)) for p in candidates))
+
+
+def _unreadable(spec: str, path: Path, unknown: list[Path], field: str) -> ConfigError:
+    """A file no reader takes, named: refused, never skipped into training on the other files."""
+    if [path] == unknown:
+        return ConfigError(field, spec, FORMATS, f"{path.suffix or 'no extension'} is none of them")
+    return ConfigError(field, str(unknown[0]), FORMATS,
+                       f"a file {spec} holds that no reader takes ({len(unknown):,} in all: "
+                       f"{listed(p.name for p in unknown)}); nothing is skipped: move such files out or name the "
+                       "files to read with a glob")
+
+
+def _dataset_root(p: Path, top: Path) -> Path | None:
+    """The ``datasets`` folder a file belongs to (a DatasetDict over its split's folder), at or below ``top``."""
+    for folder in (p.parent.parent, p.parent):
+        if (folder == top or top in folder.parents) and dataset_kind(folder):
+            return folder
+    return None
+
+
+def _datasets_read(candidates: list[Path], top: Path | None, field: str) -> list[Path]:
+    """``candidates`` with the files of each ``datasets`` folder among them replaced by the data files read from
+    it, in its own order, once: its metadata and other splits are never documents."""
+    if top is None:
+        return candidates
+    out: list[Path] = []
+    done: set[Path] = set()
+    for p in candidates:
+        root = _dataset_root(p, top)
+        if root is None:
+            out.append(p)
+        elif root not in done:
+            done.add(root)
+            out.extend(_dataset_sources(root, field))
+    return out
 
 
 def reads_under(spec: str, directory: Path) -> bool:
@@ -236,6 +364,55 @@ def _table(src: Source, text_field: str, field: str) -> Iterator[str]:
                           f"after row {row}: {str(e).splitlines()[0][:160]}") from None
 
 
+def _datasets(field: str, where: str):
+    try:
+        import datasets  # lazy: only a datasets folder needs it (and it imports much)
+    except ImportError:
+        raise ConfigError(field, where, "text, JSON Lines, Parquet or CSV (the datasets library, which reads a "
+                          "save_to_disk folder, is not installed)", "install it with `pip install "
+                          "'trainfit[datasets]'`") from None
+    return datasets
+
+
+def _arrow(src: Source, text_field: str, field: str) -> Iterator[str]:
+    """The ``text_field`` column of one data file of a ``datasets`` folder, read by the datasets library
+    (memory-mapped, in record batches): refused as a Parquet column is (missing, not strings, a null row)."""
+    library = _datasets(field, src.path)
+    try:
+        ds = library.Dataset.from_file(src.path, in_memory=False)
+    except Exception as e:  # noqa: BLE001 - pyarrow's and datasets' errors: the file is unusable either way
+        raise ConfigError(field, src.path, "a readable .arrow file of a datasets folder",
+                          (str(e).splitlines() or [type(e).__name__])[0][:160]) from None
+    if text_field not in ds.column_names:
+        raise ConfigError("text_field", text_field, "one of the columns: " + listed(ds.column_names, 20),
+                          f"{src.path} has no column {text_field!r}; pass --text-field NAME")
+    kind = getattr(ds.features[text_field], "dtype", type(ds.features[text_field]).__name__)
+    if kind not in ("string", "large_string"):
+        raise ConfigError("text_field", text_field, "a column of strings", f"{src.path}: its type is {kind}")
+    row = 0
+    for batch in ds.select_columns([text_field]).with_format("arrow").iter(batch_size=BATCH_ROWS):
+        for text in batch.column(0).to_pylist():
+            row += 1
+            if text is None:
+                raise ConfigError("text_field", text_field, "a column of strings", f"{src.path}: row {row} is null")
+            yield text
+
+
+def check_text_field(sources: Sources, text_field: str, *, default: str = "text") -> None:
+    """Refuse a ``text_field`` other than the default where no source has fields (text files are one document
+    each): it would be silently ignored."""
+    if text_field != default and all(s.kind == "text" for s in sources.files):
+        raise ConfigError("text_field", text_field, "a setting of JSON Lines, Parquet, CSV or datasets data",
+                          "the data is text files (one document per file), so it would be ignored: drop it")
+
+
+def _rows(src: Source, text_field: str, errors: str, field: str) -> Iterator[str]:
+    """The documents of a file with fields: a JSON Lines line, a table row, a datasets row each."""
+    if src.kind == "jsonl":
+        return _jsonl(src, text_field, errors, field)
+    return _arrow(src, text_field, field) if src.kind == "arrow" else _table(src, text_field, field)
+
+
 def _text_chunks(src: Source, errors: str, field: str, size: int) -> Iterator[str]:
     """A text file decoded ``size`` bytes at a time (a character split across reads is completed by the next);
     a leading byte order mark dropped."""
@@ -274,9 +451,7 @@ def read_pieces(sources: Sources, *, text_field: str = "text", text_errors: str 
                 piece = following
             yield piece, True
         else:
-            rows = _jsonl(src, text_field, text_errors, field) if src.kind == "jsonl" else \
-                _table(src, text_field, field)
-            yield from ((text, True) for text in rows)
+            yield from ((text, True) for text in _rows(src, text_field, text_errors, field))
 
 
 def read_documents(sources: Sources, *, text_field: str = "text", text_errors: str = "strict",
@@ -286,7 +461,5 @@ def read_documents(sources: Sources, *, text_field: str = "text", text_errors: s
         if src.kind == "text":
             text = decode(Path(src.path).read_bytes(), where=src.path, errors=text_errors, field=field)
             yield text[1:] if text.startswith(BOM) else text
-        elif src.kind == "jsonl":
-            yield from _jsonl(src, text_field, text_errors, field)
         else:
-            yield from _table(src, text_field, field)
+            yield from _rows(src, text_field, text_errors, field)

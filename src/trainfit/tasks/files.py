@@ -155,7 +155,6 @@ class _Docs:
     store: TokenStore | None = None
     texts: list[str] | None = None
     skipped: int = 0
-    skipped_files: int = 0
     side: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -174,8 +173,7 @@ def _read(path: str, spec: DataSpec, tokenizer: TextTokenizer | None, *, field_n
     if not spec.packing:  # on the fly: keep the texts; only an empty one is known to give no label
         every = list(texts)
         kept = [t for t in every if t]
-        return _Docs(name=path, tokenizer=tok, texts=kept, skipped=len(every) - len(kept),
-                     skipped_files=sources.skipped_files)
+        return _Docs(name=path, tokenizer=tok, texts=kept, skipped=len(every) - len(kept))
     arrays, skipped = [], 0
     for ids, _ in tokenize_documents(texts, tok, progress=True, desc=f"tokenizing {path}", threads=False):
         if ids is None:
@@ -186,7 +184,7 @@ def _read(path: str, spec: DataSpec, tokenizer: TextTokenizer | None, *, field_n
     np.cumsum([len(a) for a in arrays], out=offsets[1:])
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, DTYPES[token_dtype(tok.vocab_size)])
     store = TokenStore(offsets=offsets, array=tokens, dtype=token_dtype(tok.vocab_size))
-    return _Docs(name=path, tokenizer=tok, store=store, skipped=skipped, skipped_files=sources.skipped_files)
+    return _Docs(name=path, tokenizer=tok, store=store, skipped=skipped)
 
 
 def _prepared_tokenizer(spec: DataSpec, side: dict[str, Any], path: str) -> tuple[str, int, int, str]:
@@ -300,8 +298,6 @@ def _load(spec: DataSpec) -> TextData:
         raise ConfigError("data", spec.data, "data holding at least one non-empty document",
                           f"all {train.skipped:,} document(s) are empty")
     extra = [f"{train.skipped:,} empty document(s) skipped"] if train.skipped else []
-    if train.skipped_files:
-        extra.append(f"{train.skipped_files:,} file(s) of other formats skipped")
     n_train, val = train.n, None
     if spec.val_fraction:
         k = _split_count(spec.val_fraction, train.n)

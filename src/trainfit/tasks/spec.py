@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainfit.errors import ConfigError, check_choice, check_int
+from trainfit.tasks.corpus import validation_split
 from trainfit.tasks.prepared import is_prepared, read_sidecar
 from trainfit.tasks.tokenizer import BYTE, sha256_file
 
@@ -23,9 +24,12 @@ class DataSpec:
     """What data to read and how to cut it into rows (the RunConfig fields of the same names)."""
 
     data: str
-    """A text file, a directory or glob of text files, .jsonl, .parquet, .csv, or a ``trainfit prepare`` dir."""
+    """A text file, a directory or glob of text files, .jsonl, .parquet, .csv, a ``datasets`` save_to_disk folder,
+    or a ``trainfit prepare`` dir."""
     val_data: str = ""
-    """Validation data in any of ``data``'s formats ("" : none, or ``val_fraction``)."""
+    """Validation data in any of ``data``'s formats ("" : none, or ``val_fraction``). Left empty with no
+    ``val_fraction``, a ``datasets`` DatasetDict's validation split when ``data`` is one (set at construction,
+    so every reader of the spec -- train, plan, the run's identity -- sees the same validation data)."""
     val_fraction: float = 0.0
     """Fraction of the documents (the last ones) held out for validation."""
     text_field: str = "text"
@@ -52,6 +56,8 @@ class DataSpec:
             raise ConfigError("val_fraction", self.val_fraction, "a number in [0, 1)")
         if self.val_fraction and self.val_data:
             raise ConfigError("val_data", self.val_data, "empty when val_fraction is set")
+        if not (self.val_data or self.val_fraction):
+            object.__setattr__(self, "val_data", validation_split(self.data))
 
     @classmethod
     def from_config(cls, cfg) -> DataSpec | None:
