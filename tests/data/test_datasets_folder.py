@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tests.reliability.cli_harness import check_promise, cli, error_lines, snapshot
+
 from trainfit.errors import ConfigError
 from trainfit.tasks.corpus import FORMATS, TABLE_SUFFIXES, TEXT_SUFFIXES, find_sources
 from trainfit.tasks.files import DataSpec, load_text_data

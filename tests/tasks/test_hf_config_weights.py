@@ -15,8 +15,8 @@ import tracemalloc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tests.reliability.cli_harness import check_promise, cli, error_lines, snapshot
+
 from trainfit.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
@@ -91,6 +91,21 @@ def test_a_config_of_100000_layers_over_weights_for_2_is_refused_at_once(llama_d
         line = error_lines(r.err)[0]
         assert "num_hidden_layers=100,000" in line and "2 block(s)" in line, line
         assert took < 2 and peak < 50 * 2**20, (command[0], took, peak)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.one_of(st.integers(3, 10**6), st.integers(10**6, 2**63 - 1)))
+def test_any_depth_above_the_weights_is_refused_in_bounded_time_and_memory(llama_dir, tmp_path_factory, depth):
+    """The class of row 11: whatever depth config.json claims above the 2 layers the weights hold, the refusal
+    comes from the headers alone -- in well under a second, with a few megabytes -- and names both numbers."""
+    d = edited(llama_dir, tmp_path_factory.mktemp("deep") / "m", num_hidden_layers=depth)
+    tracemalloc.start()
+    start = time.perf_counter()
+    said = refusal(d)
+    took, (_, peak) = time.perf_counter() - start, tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert f"num_hidden_layers={depth:,}" in said and "2 block(s)" in said, said
+    assert took < 1 and peak < 20 * 2**20, (took, peak)
 
 
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

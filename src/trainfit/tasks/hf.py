@@ -34,8 +34,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from trainfit.gate import RECORD, read_document
 from trainfit.errors import ConfigError, ModelError, TrainfitError, check_int
+from trainfit.gate import RECORD, read_document
 from trainfit.presets import check_kv_heads
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.builtin import full_length_tokens, parse_overrides
@@ -364,10 +364,10 @@ def _mismatch(model: nn.Module, cls, shapes: dict[str, tuple[int, ...]], convert
         return ""
     missing = set(expected) - set(shapes) - _tied(model) - _ignored(cls, set(expected), "missing")
     if missing:
-        return f"the weights lack {sorted(missing)[0]}, which config.json builds ({len(missing):,} in all)"
+        return f"the weights lack {min(missing)}, which config.json builds ({len(missing):,} in all)"
     extra = set(shapes) - set(expected) - _ignored(cls, set(shapes), "unexpected")
     if extra:
-        return f"the weights hold {sorted(extra)[0]}, which config.json does not build ({len(extra):,} in all)"
+        return f"the weights hold {min(extra)}, which config.json does not build ({len(extra):,} in all)"
     return ""
 
 
