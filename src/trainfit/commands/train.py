@@ -3,8 +3,9 @@
 Under torchrun (``torchrun --nproc_per_node=N -m trainfit train ...``) each worker joins
 the process group first; ``--devices N`` launches those N workers through torch's own
 launcher (``torch.distributed.run``), ``--nodes M --node-rank R --master-addr A`` as node R
-of an M-node job. After an elastic restart (``--max-restarts``) the workers resume from the
-newest checkpoint by themselves. The work is :func:`trainfit.front.train.train`; this module
+of an M-node job (each node waits for the others at most ``--join-timeout`` seconds, saying so
+once). After an elastic restart (``--max-restarts``) the workers resume from the newest checkpoint
+by themselves. The work is :func:`trainfit.front.train.train`; this module
 turns flags into its arguments and prints the summary.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import trainfit.gate as gate
 from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
 from trainfit.commands.report import run_report
 from trainfit.errors import ConfigError
@@ -33,21 +35,41 @@ def register(sub) -> None:
                      help="continue from the newest checkpoint in --run-dir (it must hold one); --resume auto: "
                           "continue if it holds one, else start fresh")
     dist = groups["distribution"]
-    dist.add_argument("--devices", "--nproc", dest="devices", type=int,
-                      help="launch N processes (one per device) on this node with torch.distributed.run")
-    dist.add_argument("--nodes", type=int, default=1,
+    dist.add_argument("--devices", "--nproc", dest="devices",
+                      help="launch N processes (one per device) on this node with torch.distributed.run "
+                           "(at most what this machine runs: 4 per CPU core, DataLoader workers included)")
+    dist.add_argument("--nodes", default=1,
                       help="nodes of the job (default 1); run the same command on each, with --node-rank")
-    dist.add_argument("--node-rank", type=int, help="with --nodes: this node's rank (0 hosts rank 0)")
+    dist.add_argument("--node-rank", help="with --nodes: this node's rank (0 hosts rank 0)")
     dist.add_argument("--master-addr", help="with --nodes: the address of node 0, reachable from every node "
                                             "(default 127.0.0.1)")
-    dist.add_argument("--master-port", type=int, help="with --nodes: a free port on node 0 (default 29500)")
-    dist.add_argument("--max-restarts", type=int, default=0,
+    dist.add_argument("--master-port", help="with --nodes: a free port on node 0 (default 29500)")
+    dist.add_argument("--join-timeout", metavar="SECONDS",
+                      help=f"with --nodes: how long this node waits for the others (default "
+                           f"{launch.JOIN_TIMEOUT_S:g}), then stops")
+    dist.add_argument("--max-restarts", default=0,
                       help="with --devices: restart all workers up to N times after a failure (they resume)")
     out = add_output_group(p)
     out.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     out.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html (trainfit report)")
     out.add_argument("--summary-out", help=argparse.SUPPRESS)  # a launched worker's summary, for its launcher
     p.set_defaults(func=run_train)
+
+
+LAUNCH_COUNTS = {"devices": ("devices", 1), "nodes": ("nodes", 1), "node_rank": ("node_rank", 0),
+                 "master_port": ("master_port", 1), "join_timeout": ("join_timeout_s", 1),
+                 "max_restarts": ("max_restarts", 0)}
+"""The integer options of the launch: their field (as the front door names it) and least value."""
+
+
+def read_launch_counts(args) -> None:
+    """The launch options' text read by the one integer parser (``gate.parse_int``: ASCII digits, at most 19;
+    argparse's ``int`` takes ``"٣"`` and ``"1_000"``), in place; refused naming the field. Upper bounds are the
+    front door's (what this machine runs, :data:`trainfit.strategies.launch.MAX_NODES`)."""
+    for dest, (field, minimum) in LAUNCH_COUNTS.items():
+        value = getattr(args, dest)
+        if isinstance(value, str):
+            setattr(args, dest, gate.parse_int(field, value, minimum=minimum))
 
 
 def _resume_mode(args) -> bool | str:
@@ -79,6 +101,7 @@ def multi_node(args) -> dict:
 
 
 def run_train(args) -> int:
+    read_launch_counts(args)
     mode = _resume_mode(args)
     resume = mode
     if mode == AUTO:  # resolved first: a resumed run keeps its own configuration (a fresh one is said by front)
@@ -86,6 +109,7 @@ def run_train(args) -> int:
     cfg = config_from_args(args, from_run_dir=resume,
                            **({"devices": args.devices} if args.devices is not None else {}))
     summary = front.train(cfg, resume=resume or mode, nodes=args.nodes, max_restarts=args.max_restarts,
+                          join_timeout_s=launch.JOIN_TIMEOUT_S if args.join_timeout is None else args.join_timeout,
                           **multi_node(args))
     if summary is None:
         return 0

@@ -8,6 +8,12 @@ With ``devices=N`` (per node) and no torchrun around it, N worker processes are 
 launcher (``torch.distributed.run``); ``nodes=M`` makes them one node of an M-node job (``node_rank``,
 ``master_addr``, ``master_port``: run the same call on each node). Under torchrun each worker joins the process
 group and trains. The summary comes back on global rank 0 (and the launcher of its node); None elsewhere.
+
+Before anything is created (no run directory, no process), a launch is bounded: the processes this machine would
+start (``devices`` x (1 + ``loader_workers``)) by :func:`trainfit.gate.max_processes`, ``nodes`` by
+:data:`~trainfit.strategies.launch.MAX_NODES`; node 0's address must resolve (once, with a timeout). A node then
+waits for its peers at most ``join_timeout_s`` (said once) and stops in one line; launch settings that would change
+nothing (an address on one node, restarts of a job that launches nothing) are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 import trainfit.logs as logs
+import trainfit.gate as gate
 from trainfit.checkpoint import list_checkpoints
 from trainfit.config import DistributionSection, RunConfig, ScheduleSection, dump_toml
-from trainfit.errors import CheckpointError, ConfigError, TrainfitError, check_int
+from trainfit.errors import CheckpointError, ConfigError, TrainfitError, check_int, check_number
 from trainfit.export import init_weights
 from trainfit.front.request import config_of
 from trainfit.levers.autofit import StepOutOfMemory
@@ -56,22 +63,49 @@ class Nodes:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    join_timeout_s: float = launch.JOIN_TIMEOUT_S
+    """How long this node waits for its peers (several nodes), then stops in one line."""
 
     def __post_init__(self) -> None:
-        check_int("nodes", self.nodes, minimum=1)
+        check_int("nodes", self.nodes, minimum=1, maximum=launch.MAX_NODES,
+                  fix="the nodes of one job; above every machine built so far")
         check_int("node_rank", self.node_rank, minimum=0, maximum=self.nodes - 1)
         check_int("master_port", self.master_port, minimum=1, maximum=65535)
+        if not isinstance(self.master_addr, str) or not self.master_addr.strip():
+            raise ConfigError("master_addr", self.master_addr, "a host name or address of node 0")
         check_path_text("master_addr", self.master_addr)
+        check_number("join_timeout_s", self.join_timeout_s, minimum=0.0)
+        if self.join_timeout_s > launch.MAX_JOIN_TIMEOUT_S:
+            raise ConfigError("join_timeout_s", self.join_timeout_s,
+                              f"a number of seconds in (0, {launch.MAX_JOIN_TIMEOUT_S:g}]", "at most a day")
+        if self.nodes == 1:
+            self._refuse_unused()
+
+    def _refuse_unused(self) -> None:
+        """On one node the job rendezvouses on a free loopback port: a node address, port or join timeout other
+        than the default would change nothing, so it is refused rather than ignored."""
+        defaults = Nodes(nodes=2)
+        for name in ("master_addr", "master_port", "join_timeout_s"):
+            if getattr(self, name) != getattr(defaults, name):
+                raise ConfigError(name, getattr(self, name), "a setting of a job of nodes=2 or more",
+                                  "one node runs on this machine alone (a free loopback port), so it would be "
+                                  "ignored: drop it, or give nodes")
+
+    @property
+    def default(self) -> bool:
+        """Whether every field is its default (what a process launched by torchrun must be given)."""
+        return self == Nodes()
 
 
 def train(config: RunConfig | None = None, *, resume: bool | str = False, nodes: int = 1, node_rank: int = 0,
-          master_addr: str = "127.0.0.1", master_port: int = 29500, max_restarts: int = 0, progress: bool = True,
-          **fields: Any) -> TrainSummary | None:
+          master_addr: str = "127.0.0.1", master_port: int = 29500, join_timeout_s: float = launch.JOIN_TIMEOUT_S,
+          max_restarts: int = 0, progress: bool = True, **fields: Any) -> TrainSummary | None:
     """Train ``config`` (or the RunConfig ``fields``, e.g. ``devices=2``) to its ``steps``.
 
     Args:
         resume: True: from the newest checkpoint in ``run_dir`` (there must be one); ``"auto"``: when there is one.
         nodes, node_rank, master_addr, master_port: a multi-node job (``devices`` per node).
+        join_timeout_s: with ``nodes`` > 1, how long this node waits for its peers (default 300 s), then stops.
         max_restarts: with launched workers, restart them all up to N times after a failure (they resume).
     Returns:
         The summary on global rank 0 (in the launcher of its node too); None on the other ranks and nodes.
@@ -79,12 +113,16 @@ def train(config: RunConfig | None = None, *, resume: bool | str = False, nodes:
         ConfigError: a bad field or combination (one line, as ``trainfit train`` says it), before any work.
     """
     cfg = config_of(config, fields)
-    where = Nodes(nodes=nodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
+    where = Nodes(nodes=nodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+                  join_timeout_s=join_timeout_s)
     check_int("max_restarts", max_restarts, minimum=0)
+    env = launch.torchrun_env()
+    launching = env is None and cfg.devices * where.nodes > 1
+    check_launch(where, devices=cfg.devices, loader_workers=cfg.loader_workers, launching=launching,
+                 under_torchrun=env is not None, max_restarts=max_restarts)
     resume, fresh = resolve_resume(resume, cfg.run_dir)
     check_job(cfg.section("schedule"))
-    env = launch.torchrun_env()
-    if env is None and cfg.devices * where.nodes > 1:
+    if launching:
         if not strategy_facts(cfg.strategy).distributed:  # refuse before starting N processes that would each refuse
             raise ConfigError("strategy", cfg.strategy, distributed_strategies(),
                               f"--devices {cfg.devices} x --nodes {where.nodes} launches "
@@ -96,6 +134,33 @@ def train(config: RunConfig | None = None, *, resume: bool | str = False, nodes:
     if fresh:
         info("train", fresh)  # held until the job is accepted (logs.accept)
     return train_here(cfg, resume=resume, progress=progress)
+
+
+def check_launch(where: Nodes, *, devices: int, loader_workers: int, launching: bool, under_torchrun: bool,
+                 max_restarts: int) -> None:
+    """What a launch may ask of this machine, refused before anything is created: the processes it starts here
+    (each worker and its DataLoader workers) within :func:`trainfit.gate.max_processes`; node 0's address
+    resolved once, with a timeout; launch settings that would change nothing (torchrun placed this process, or
+    nothing is launched) refused, not ignored."""
+    if under_torchrun and not where.default:
+        field = next(f.name for f in dataclasses.fields(Nodes) if getattr(where, f.name) != getattr(Nodes(), f.name))
+        raise ConfigError(field, getattr(where, field), "trainfit's own launch only (without torchrun)",
+                          "torchrun started this process: its --nnodes, --node-rank and --master-addr place it")
+    if max_restarts and not launching:
+        raise ConfigError("max_restarts", max_restarts, "0 unless trainfit launches workers (devices or nodes > 1)",
+                          "torchrun's own --max-restarts restarts its workers" if under_torchrun else
+                          "a single process is not restarted: drop it, or give --devices N")
+    if not launching:
+        return
+    gate.check_process_count("devices", devices)
+    limit, local = gate.max_processes(), devices * (1 + loader_workers)
+    if local > limit:
+        raise ConfigError("loader_workers", loader_workers,
+                          f"at most {limit // devices - 1} with devices={devices} on this machine",
+                          f"{devices} workers each starting {loader_workers} loader processes make {local} "
+                          f"processes, over the {limit} this machine runs")
+    if where.nodes > 1:
+        launch.resolve_host("master_addr", where.master_addr, port=where.master_port)
 
 
 def check_job(schedule: ScheduleSection) -> None:
@@ -196,9 +261,14 @@ def launch_workers(cfg: RunConfig, where: Nodes, *, resume: bool, max_restarts: 
         refusals.mkdir()
         try:
             launch.launch(cfg.devices, child, max_restarts=max_restarts, refusals=refusals, nnodes=where.nodes,
-                          node_rank=where.node_rank, master_addr=where.master_addr, master_port=where.master_port)
+                          node_rank=where.node_rank, master_addr=where.master_addr, master_port=where.master_port,
+                          join_timeout_s=where.join_timeout_s)
         except ChildFailedError as e:
             _failed(e, cfg.section("distribution"), run_dir, created=created, refusals=refusals)
+        except launch.PeersMissing:
+            if created:
+                remove_if_unstarted(run_dir)  # the peers never came: nothing was trained, nothing is left
+            raise
         return TrainSummary.from_dict(json.loads(summary.read_text())) if summary.is_file() else None
 
 
