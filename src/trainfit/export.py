@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from trainfit.checkpoint import list_checkpoints, load_latest
 from trainfit.config import RunConfig
 from trainfit.errors import CheckpointError, ConfigError, ModelError
+from trainfit.gate import RECORD, read_document
 from trainfit.levers.finetune import merged_state_dict
 from trainfit.levers.precision import Precision
 from trainfit.presets import GPT_PRESETS, GPTConfig
@@ -205,10 +206,7 @@ def export_model(run: Exportable, out_dir: Path) -> Path | None:
 def load_gpt(directory: str | Path) -> GPT:
     """The built-in GPT an export holds (config.json + model.safetensors), in fp32, in train mode."""
     directory = Path(directory)
-    try:
-        meta = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{directory}: no readable config.json ({type(e).__name__})") from None
+    meta = read_document(directory / "config.json", field="config.json", fmt="json", limits=RECORD, error=ModelError)
     if not isinstance(meta, dict) or meta.get(GPT_MARKER) not in GPT_PRESETS:
         raise ModelError(f"{directory}/config.json does not hold a trainfit GPT export ({GPT_MARKER!r} missing)")
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
@@ -240,9 +238,12 @@ def _from_dcp(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """The model tensors of a sharded checkpoint (the fp32 masters where it holds them), read whole by this
     process alone (``no_dist``: every rank of a distributed run reads them itself)."""
     try:
-        meta = json.loads((path / "trainfit.json").read_text())
+        meta = read_document(path / "trainfit.json", field="trainfit.json", fmt="json", limits=RECORD,
+                             error=CheckpointError)
         layout = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    except Exception as e:  # noqa: BLE001 - OSError, JSON, DCP's own: one line naming the checkpoint
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - OSError, DCP's own: one line naming the checkpoint
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__})") from None
     wanted: dict[str, dict[str, torch.Tensor]] = {"model": {}, "master": {}}
     for key, m in layout.items():
@@ -276,8 +277,12 @@ def init_state(run_dir: str | Path) -> tuple[dict[str, torch.Tensor], str]:
         if (export / WEIGHTS).is_file():
             files = [export / WEIGHTS]
         else:
-            files = [export / s for s in sorted(set(json.loads((export / WEIGHTS_INDEX).read_text())["weight_map"]
-                                                    .values()))]
+            index = read_document(export / WEIGHTS_INDEX, field="init_from", fmt="json", limits=RECORD)
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ConfigError("init_from", str(export / WEIGHTS_INDEX), "a safetensors index with a weight_map "
+                                  "of file names")
+            files = [export / s for s in sorted(set(weight_map.values()))]
         return _read_safetensors(files), str(export)
     sharded, single = list_dcp(d), list_checkpoints(d)
     newest_single = int(single[-1].stem.split("-")[-1]) if single else -1

@@ -105,7 +105,7 @@ def listed(items: Iterable[object], limit: int = 8) -> str:
     """``a, b, c`` -- at most ``limit`` items, each cut like a value, then ``... (N more)``: every message that
     lists things (unknown keys, files, choices) goes through here, so no list can make a line long."""
     items = list(items)
-    head = ", ".join(shown(i, 60) if not isinstance(i, str) else (i if len(i) <= 60 else i[:57] + "...")
+    head = ", ".join(i if isinstance(i, str) and i.isprintable() and len(i) <= 60 else shown(i, 60)
                      for i in items[:limit])
     return head + (f", ... ({len(items) - limit:,} more)" if len(items) > limit else "")
 
@@ -154,6 +154,8 @@ def parse_document(text: str, *, field: str, fmt: str, limits: Limits = CONFIG,
     structure = sum(text.count(c) for c in ",=:[{-\n")
     if structure > 4 * limits.max_items + 64:  # every key or item costs one of these: refused before parsing
         raise _refuse(error, field, shown_value, allowed, f"about {structure:,} keys and items")
+    if nesting_hint(text, fmt) > 2 * limits.max_depth:  # the parsers' cost grows with depth: refused before
+        raise _refuse(error, field, shown_value, allowed, f"nested more than {limits.max_depth} levels")
     try:
         value = _PARSERS[fmt](text)
     except RecursionError:
@@ -173,6 +175,34 @@ def parse_document(text: str, *, field: str, fmt: str, limits: Limits = CONFIG,
     if problem:
         raise _refuse(error, field, shown_value, allowed, problem)
     return value
+
+
+_TOKENS = re.compile(r"""[\[\]{}]|"(?:\\.|[^"\\\n])*"|'[^'\n]*'""")
+_TOML_KEY = re.compile(r"^\s*(\[\[?[^\]]*|[^=\n]*=)", flags=re.MULTILINE)
+_YAML_LINE = re.compile(r"^( *)((?:- +)*)", flags=re.MULTILINE)
+
+
+def nesting_hint(text: str, fmt: str) -> int:
+    """How deep ``text`` nests, read without parsing: brackets outside quoted strings, and per format the
+    nesting a line can open without brackets (TOML's dotted keys and headers, YAML's indentation and ``- - -``).
+
+    An estimate that errs high only on odd quoting, used to refuse before a parser whose time or memory grows
+    with depth (PyYAML takes a minute on 2,000 nested ``[``; tomllib 1.5 GB on 20,000 dotted keys); the exact
+    depth of what is parsed is :func:`check_value`'s."""
+    depth = deepest = 0
+    opening = text.count("[") + text.count("{")
+    for m in _TOKENS.finditer(text) if opening > 8 else ():  # a few brackets cannot nest deep: not scanned
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+    if fmt == "toml":
+        deepest = max([deepest] + [m.group(1).count(".") + 1 for m in _TOML_KEY.finditer(text)])
+    elif fmt == "yaml":
+        deepest = max([deepest] + [len(m.group(1)) // 2 + m.group(2).count("-") for m in _YAML_LINE.finditer(text)])
+    return deepest
 
 
 def check_value(value: Any, limits: Limits) -> str:
@@ -232,7 +262,7 @@ def yaml_loads(text: str) -> Any:
     """PyYAML's safe load, refusing a mapping that names a key twice (PyYAML keeps the last silently)."""
     import yaml
 
-    class _Loader(yaml.SafeLoader):
+    class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's scanner where PyYAML has it
         pass
 
     def mapping(loader: Any, node: Any, deep: bool = False) -> dict:
@@ -243,14 +273,14 @@ def yaml_loads(text: str) -> Any:
             try:
                 seen = key in out
             except TypeError:  # an unhashable key: PyYAML's own error says so
-                return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+                return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
             if seen:
                 raise _DuplicateKey(key)
             out[key] = loader.construct_object(value_node, deep=deep)
         return out
 
     _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"toml": _parse_toml, "json": _parse_json, "yaml": _parse_yaml}

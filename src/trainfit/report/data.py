@@ -36,11 +36,12 @@ import math
 import os
 import re
 import tempfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainfit.errors import ConfigError
+from trainfit.gate import RECORD, parse_document
 from trainfit.results import MemoryReport, PlanReport, PlanRow, ProfileReport, ResultFormatError, VerifyReport
 
 METRICS = "metrics.jsonl"
@@ -426,9 +427,9 @@ def read_docs(path: Path, notes: list[str]) -> list[Any]:
         notes.append(f"{path.name}: empty; left out")
         return []
     try:
-        d = json.loads(text)
-    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python reads
-        notes.append(f"{path.name}: not readable as JSON ({_one_line(str(e), 120)}); left out")
+        d = parse_document(text, field=path.name, fmt="json", limits=RECORD)  # bounded: nesting, items, integers
+    except ConfigError as e:
+        notes.append(f"{path.name}: not readable as JSON ({_one_line(str(e), 160)}); left out")
         return []
     if isinstance(d, dict) and isinstance(d.get("reports"), list):  # the container docs/report.md allows
         d = d["reports"]
@@ -543,8 +544,8 @@ def parse_config(text: str, notes: list[str]) -> Setup | None:
     if not text.strip():
         return None
     try:
-        values = _flat(tomllib.loads(text))
-    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        values = _flat(parse_document(text, field="config.toml", fmt="toml", limits=RECORD))
+    except ConfigError as e:
         notes.append(f"config.toml: not readable as TOML ({_one_line(str(e), 120)}); the sections are not compared "
                      "with the run's configuration")
         return None

@@ -49,6 +49,7 @@ from trainfit.checkpoint import (
     rng_state,
 )
 from trainfit.errors import CheckpointError
+from trainfit.gate import RECORD, read_document
 from trainfit.levers.schedule import restore_scheduler
 from trainfit.strategies.base import Checkpointed, unwrap
 
@@ -171,10 +172,8 @@ def load(run: Checkpointed, path: Path) -> int:
     Raises:
         CheckpointError: unreadable, or written for a different model/optimizer/precision/global batch.
     """
-    try:
-        meta = json.loads((path / META).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: unreadable {META} ({type(e).__name__})") from None
+    meta = read_document(path / META, field=f"checkpoint {path.name}/{META}", fmt="json", limits=RECORD,
+                         error=CheckpointError)  # bounded: a sidecar nested thousands deep is refused in one line
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a trainfit sharded checkpoint (expected {FORMAT!r})")
     check_resumable(meta["config"], int(meta["world_size"]), resume_record(run.cfg), _world(), path)
