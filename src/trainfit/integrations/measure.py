@@ -62,6 +62,10 @@ class MeasureOptions:
             raise ConfigError("output_dir", str(self.output_dir), "a directory (this path is a file)")
 
 
+FLOP_FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_ATTENTION_FLOPS.items()}}
+"""torch's FLOP formula of each op it has one for (matmuls, convolutions, attention), and the CPU's fused attention."""
+
+
 class WatchingFlopCounter(TorchDispatchMode):
     """The FLOPs of the ops that run inside it, counted with torch's own formulas (``flop_registry``, plus the
     CPU's fused attention) -- and each op run exactly as called.
@@ -71,8 +75,6 @@ class WatchingFlopCounter(TorchDispatchMode):
     (Llama, Mistral, Qwen) trained with the callback ended with other weights than without it. An op here
     is only ever called as it is; one without a formula counts 0 FLOPs, as the elementwise ops do there."""
 
-    FORMULAS = {**flop_registry, **{op: shape_wrapper(f) for op, f in CPU_ATTENTION_FLOPS.items()}}
-
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
@@ -80,7 +82,7 @@ class WatchingFlopCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = self.FORMULAS.get(getattr(func, "_overloadpacket", None))
+        formula = FLOP_FORMULAS.get(getattr(func, "_overloadpacket", None))
         if formula is not None:
             self.total += int(formula(*args, **kwargs, out_val=out))
         return out
