@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -61,10 +62,13 @@ def info(name: str, line: str) -> None:
 
 
 def bars_enabled() -> bool:
-    """Whether a progress bar (tqdm) may draw: not when the ``trainfit`` logger is set above INFO (``--quiet``,
-    or a user's ``setLevel(logging.WARNING)``). An unconfigured logger keeps the bars a library call always drew."""
+    """THE switch every progress bar (tqdm) of trainfit obeys: a bar is drawn with ``disable=not bars_enabled()``
+    (or a ``progress=`` argument computed from it), never with a constant. No bar when the ``trainfit`` logger is
+    set above INFO (``--quiet``, which the ranks ``train --devices N`` starts inherit through
+    ``$TRAINFIT_VERBOSITY``, or a user's ``setLevel(logging.WARNING)``), and none on a rank other than 0 (each
+    rank would draw the same bar). An unconfigured logger keeps the bars a library call always drew."""
     level = logging.getLogger(ROOT).level
-    return level == logging.NOTSET or level <= NORMAL
+    return (level == logging.NOTSET or level <= NORMAL) and os.environ.get("RANK", "0") in ("", "0")
 
 
 class Stage:

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainfit.errors import ConfigError, check_choice
-from trainfit.progress import info
+from trainfit.progress import bars_enabled, info
 from trainfit.tasks.corpus import find_sources, read_documents
 from trainfit.tasks.prepared import (
     DTYPES,
@@ -175,7 +175,8 @@ def _read(path: str, spec: DataSpec, tokenizer: TextTokenizer | None, *, field_n
         kept = [t for t in every if t]
         return _Docs(name=path, tokenizer=tok, texts=kept, skipped=len(every) - len(kept))
     arrays, skipped = [], 0
-    for ids, _ in tokenize_documents(texts, tok, progress=True, desc=f"tokenizing {path}", threads=False):
+    for ids, _ in tokenize_documents(texts, tok, progress=bars_enabled(), desc=f"tokenizing {path}",
+                                     threads=False):
         if ids is None:
             skipped += 1
         else:
