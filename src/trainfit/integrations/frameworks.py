@@ -31,6 +31,7 @@ The tools are optional extras, imported in :func:`tool` only; a missing one is a
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import tempfile
@@ -42,10 +43,20 @@ from typing import Any
 import torch
 from torch import nn
 
+import trainfit.logs as logs
 from trainfit.config import LeversSection, RunConfig
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError
-from trainfit.integrations.hf_window import HEADS, HFRows, hf_model, hf_rows, import_spec, replaced, training_arguments
+from trainfit.integrations.hf_window import (
+    HEADS,
+    HFRows,
+    blamed,
+    hf_model,
+    hf_rows,
+    import_spec,
+    replaced,
+    training_arguments,
+)
 from trainfit.probes.verify import cosine, flat, mean_of_means_grads, reference_grads, rel_error
 from trainfit.progress import logger
 from trainfit.progress import say as progress_say
@@ -178,9 +189,17 @@ class Window:
     task: Any
     """The run's Task: its loss ``(loss_sum, n_tokens)``, count and model factory."""
     counts: list[int]
+    model_spec: str = ""
+    """``--model`` as given: what an exception in the model's forward is said to come from."""
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, Any]:
-        return self.task.loss(model, batch)
+        with self.model_code():
+            return self.task.loss(model, batch)
+
+    def model_code(self) -> contextlib.AbstractContextManager:
+        """Where the user's model runs: an exception there is one line naming it (``--model``)."""
+        return blamed("model", self.model_spec, "a model whose forward and loss run on the task's batches",
+                      f"{self.model_spec}'s forward")
 
     def build_model(self) -> nn.Module:
         """The task's model (same seed, same weights each call) with every ``nn.Dropout`` at p=0: the tools
@@ -195,7 +214,8 @@ class Window:
         """The same samples as one micro-batch (accumulation 1)."""
         every = [s for g in self.samples for s in g]
         batch = self.task.collate(every)
-        return Window(micro_batches=[batch], samples=[every], task=self.task, counts=[self.task.count(batch)])
+        return Window(micro_batches=[batch], samples=[every], task=self.task, counts=[self.task.count(batch)],
+                      model_spec=self.model_spec)
 
     @property
     def tokens(self) -> int:
@@ -337,10 +357,15 @@ def step_lightning(w: Window, *, loss: str, lr: float = 1e-3) -> Captured:
 
 
 def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_args: Mapping[str, Any] | None = None,
-                    lr: float = 1e-3, seed: int = 0, trainer_cls: type | None = None) -> Captured:
+                    lr: float = 1e-3, seed: int = 0, trainer_cls: type | None = None,
+                    trainer_spec: str = "") -> Captured:
     """A real ``transformers.Trainer`` (or the user's subclass ``trainer_cls``) for one optimizer step over ``rows``
     cut into ``accumulation`` micro-batches of ``micro_batch``; the gradient in ``on_pre_optimizer_step``
-    (clipping off). Its ``data_collator`` pads the rows, which the user's collator (if any) made once."""
+    (clipping off). Its ``data_collator`` pads the rows, which the user's collator (if any) made once.
+
+    Raises:
+        ConfigError: the user's model, Trainer subclass (``trainer_spec``) or its compute_loss raised, or
+            compute_loss returned no scalar loss: one line naming which."""
     tf = tool("hf-trainer")
     cls = trainer_cls or tf.Trainer
     model = rows.model.build()
@@ -351,15 +376,18 @@ def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_a
 
     def observed_forward(*args, **kwargs):  # records what the Trainer passes the model's loss
         seen.append(kwargs.get("num_items_in_batch"))
-        return original_forward(*args, **kwargs)
+        with rows.model_code("forward"):
+            return original_forward(*args, **kwargs)
 
     with tempfile.TemporaryDirectory() as tmp:
         args = training_arguments(tf, {"learning_rate": lr, **(user_args or {})}, output_dir=tmp,
                                   micro_batch=micro_batch, accumulation=accumulation, seed=seed)
-        trainer = _observed_trainer(tf, cls, model, args, rows, out, counted)
+        with _trainer_code(cls, trainer_spec, "__init__"):
+            trainer = _observed_trainer(tf, cls, model, args, rows, out, counted, trainer_spec)
         model.forward = observed_forward
         try:
-            trainer.train()
+            with _trainer_code(cls, trainer_spec, "train"):
+                trainer.train()
         finally:
             model.forward = original_forward
     items = [int(x) if x is not None else None for x in seen]
@@ -373,7 +401,7 @@ def step_hf_trainer(rows: HFRows, *, micro_batch: int, accumulation: int, user_a
 
 
 def _observed_trainer(tf, cls: type, model: nn.Module, args: Any, rows: HFRows, out: Captured,
-                      counted: list[Any]) -> Any:
+                      counted: list[Any], trainer_spec: str = "") -> Any:
     """``cls`` over ``rows`` with the gradient captured into ``out.grads`` before its optimizer step, whether the
     model accepts loss kwargs in ``out``, and each ``num_items_in_batch`` its ``compute_loss`` is given appended to
     ``counted``; its printer callback removed."""
@@ -389,10 +417,37 @@ def _observed_trainer(tf, cls: type, model: nn.Module, args: Any, rows: HFRows, 
 
     def observed_compute_loss(model_, inputs, *args_, num_items_in_batch=None, **kwargs):  # what it counted
         counted.append(num_items_in_batch)
-        return original_compute_loss(model_, inputs, *args_, num_items_in_batch=num_items_in_batch, **kwargs)
+        with _trainer_code(cls, trainer_spec, "compute_loss") if trainer_spec else rows.model_code("loss"):
+            got = original_compute_loss(model_, inputs, *args_, num_items_in_batch=num_items_in_batch, **kwargs)
+        _check_loss(got, cls, trainer_spec, rows)
+        return got
 
     trainer.compute_loss = observed_compute_loss
     return trainer
+
+
+def _trainer_code(cls: type, spec: str, method: str):
+    """Where the user's Trainer subclass runs (its ``method``): an exception there is one line naming it. The
+    Trainer itself (no ``--trainer``) is not the user's: what it raises passes unchanged."""
+    if not spec:
+        return contextlib.nullcontext()
+    return blamed("trainer", spec, f"a transformers.Trainer subclass whose {method} runs on the rows",
+                  f"{cls.__name__}.{method}")
+
+
+def _check_loss(got: Any, cls: type, spec: str, rows: HFRows) -> None:
+    """What ``compute_loss`` returned must be one differentiable number (or ``(loss, outputs)``): the Trainer
+    backpropagates it. Anything else is one line naming the Trainer subclass (or the model, whose loss it is)."""
+    loss = got[0] if isinstance(got, tuple) and got else got
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point() and loss.requires_grad:
+        return
+    held = (f"a tensor of shape {tuple(loss.shape)}, dtype {loss.dtype}"
+            + ("" if loss.requires_grad else ", not requiring grad") if isinstance(loss, torch.Tensor)
+            else f"a {type(loss).__name__}")
+    field, value, who = (("trainer", spec, f"{cls.__name__}.compute_loss") if spec else
+                         ("model", rows.model.spec, f"{rows.model.cls.__name__}'s loss"))
+    raise ConfigError(field, value, "a compute_loss returning one differentiable number (a 0-d float tensor "
+                      "with grad), or (loss, outputs)", f"{who} returned {held}")
 
 
 def _trainer_path(tf, cls: type, trainer: Any, out: Captured, rows: HFRows, items: list[int | None], name: str,
@@ -422,7 +477,7 @@ def loss_ignores_num_items(rows: HFRows) -> bool:
     """Whether the model's own loss is unchanged when ``num_items_in_batch`` changes (it never reads it)."""
     model = rows.model.build()
     batch = rows.collate(rows.groups[0])
-    with torch.no_grad():
+    with torch.no_grad(), rows.model_code("forward"):
         a = model(**batch, num_items_in_batch=torch.tensor(max(rows.counts[0], 1))).loss
         b = model(**batch, num_items_in_batch=torch.tensor(4 * max(rows.counts[0], 1))).loss
     return bool(torch.allclose(a, b, rtol=1e-6, atol=0.0))
@@ -440,7 +495,8 @@ def uneven_window(cfg: RunConfig) -> Window:
     samples.sort(key=lambda s: -task.count(task.collate([s])))
     groups = [samples[i * cfg.micro_batch:(i + 1) * cfg.micro_batch] for i in range(cfg.accumulation)]
     mbs = [task.collate(g) for g in groups]
-    return Window(micro_batches=mbs, samples=groups, task=task, counts=[task.count(b) for b in mbs])
+    return Window(micro_batches=mbs, samples=groups, task=task, counts=[task.count(b) for b in mbs],
+                  model_spec=cfg.model)
 
 
 def _check_args(levers: LeversSection, framework: str, loss: str) -> None:
@@ -495,7 +551,7 @@ def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
     say = say or (lambda line: progress_say(log, line))
     if framework == "hf-trainer":
         return _verify_trainer(cfg, tol, user_args=user_args, settings=settings, say=say, collator=collator,
-                               trainer_cls=trainer_cls)
+                               trainer_cls=trainer_cls, trainer_spec=trainer)
     return _verify_loop(cfg, framework, loss, tol, settings=settings, say=say)
 
 
@@ -506,8 +562,10 @@ def _verify_loop(cfg: RunConfig, framework: str, loss: str, tol: Tolerance, *, s
     w = uneven_window(cfg)
     ref = w.build_model().float()
     init = [p.detach().clone() for p in ref.parameters()]
-    g_ref = flat(reference_grads(ref, w.task, w.micro_batches))  # sum(loss) / sum(tokens) over the window
-    mom = flat(mean_of_means_grads(ref, w.task, w.micro_batches))
+    with w.model_code():
+        g_ref = flat(reference_grads(ref, w.task, w.micro_batches))  # sum(loss) / sum(tokens) over the window
+        mom = flat(mean_of_means_grads(ref, w.task, w.micro_batches))
+    logs.accept()  # the user's model has run: progress flows from here, each run said as it starts
     step = step_accelerate if framework == "accelerate" else step_lightning
     runs = []
     for window in (w, w.merged()):
@@ -569,9 +627,11 @@ def load_trainer_class(tf, spec: str) -> type:
 
 def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, Any] | None,
                     settings: tuple[str, ...], say: Callable[[str], None], collator: str = "",
-                    trainer_cls: type | None = None) -> FrameworkVerifyReport:
+                    trainer_cls: type | None = None, trainer_spec: str = "") -> FrameworkVerifyReport:
     """hf-trainer: the user's model, data, collator, Trainer and TrainingArguments; the reference per row in
-    plain PyTorch, from the logits of the rows the collator made."""
+    plain PyTorch, from the logits of the rows the collator made. The job is accepted (held stderr printed,
+    ``logs.accept``) once the Trainer's first run has run every object of the user's -- a fault in one is one
+    line alone -- and the two runs after it are said as they start."""
     model = hf_model(cfg.section("model"), cfg.section("run"))
     say(f"verify --framework hf-trainer: reading the rows of {cfg.data or 'generated data'} for a "
         f"{HEADS[model.head]}" + (f", collated by {collator}" if collator else ""))
@@ -584,14 +644,18 @@ def _verify_trainer(cfg: RunConfig, tol: Tolerance, *, user_args: Mapping[str, A
     if len(again) != len(init) or any(not torch.equal(a, b) for a, b in zip(again, init)):
         raise TrainfitError(f"verify: model {cfg.model!r} does not build the same initial weights twice from seed "
                             f"{cfg.seed}; its weights must come from the checkpoint or the seed")
-    say(f"verify --framework hf-trainer: the plain-PyTorch reference, {len(rows.rows)} rows one at a time")
+    step = functools.partial(step_hf_trainer, rows, user_args=user_args, lr=cfg.lr, seed=cfg.seed,
+                             trainer_cls=trainer_cls, trainer_spec=trainer_spec)
+    m, k, said = cfg.micro_batch, cfg.accumulation, "verify --framework hf-trainer:"
+    say(f"{said} one Trainer step at {m} x {k}")
+    with _quiet():
+        runs = [step(micro_batch=m, accumulation=k)]
+    logs.accept()  # every object of the user's has run once (collator, model, Trainer): progress flows from here
+    say(f"{said} the plain-PyTorch reference, {len(rows.rows)} rows one at a time")
     g_ref, mom = flat(rows.grads(ref)), flat(rows.grads(ref, mean_of_means=True))
-    runs = []
-    for mb, k in ((cfg.micro_batch, cfg.accumulation), (cfg.micro_batch * cfg.accumulation, 1)):
-        say(f"verify --framework hf-trainer: one Trainer step at {mb} x {k}")
-        with _quiet():
-            runs.append(step_hf_trainer(rows, micro_batch=mb, accumulation=k, user_args=user_args, lr=cfg.lr,
-                                        seed=cfg.seed, trainer_cls=trainer_cls))
+    say(f"{said} one Trainer step at {m * k} x 1")
+    with _quiet():
+        runs.append(step(micro_batch=m * k, accumulation=1))
     g_k, g_1 = (_checked("hf-trainer", r, len(init)) for r in runs)
     acc = difference(g_k, g_1, tol)
     if acc.found:

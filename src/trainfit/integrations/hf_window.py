@@ -23,8 +23,10 @@ here from the model's logits (``sum of per-target CE / all targets`` of the wind
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from torch.nn import functional as F
 
 from trainfit.config import DataSection, LeversSection, ModelSection, RunConfig, RunSection
 from trainfit.data import global_indices
-from trainfit.errors import ConfigError, TrainfitError
+from trainfit.errors import ConfigError, TrainfitError, shown
 from trainfit.run import task_of
 from trainfit.tasks.corpus import find_sources
 from trainfit.tasks.hf import parse_hf_config, pretrained_dir, quiet_progress, weight_files
@@ -153,6 +155,156 @@ def _pretrained(tf, directory, model_config: str):
     return cls, config
 
 
+# ----------------------------------------------------------------- the user's own code, named when it fails
+
+@contextlib.contextmanager
+def blamed(field: str, value: str, allowed: str, who: str) -> Iterator[None]:
+    """Run the user's code (their collator, model forward, Trainer, compute_loss) inside the block: any exception
+    it raises becomes one :class:`ConfigError` naming their object (``field=value``), what it raised and where
+    (``who``, e.g. ``mods:MyTrainer.compute_loss``) -- not a traceback from deep inside the tool. A trainfit
+    error raised inside (a nested block naming a more precise object) passes unchanged."""
+    try:
+        yield
+    except TrainfitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: any exception is theirs, said in one line
+        text = str(e).strip().splitlines()
+        raise ConfigError(field, value, allowed, f"{who} raised {type(e).__name__}"
+                          + (f": {text[0][:160]}" if text else "")) from None
+
+
+ROW_SHAPED = ("attention_mask", "token_type_ids", "special_tokens_mask")
+"""Fields that hold one value per input token, as long as ``input_ids``."""
+
+
+def _dtype_words(value: Any) -> str:
+    """The dtype of what a collator returned, as a user reads it (``str``, ``torch.float32``, ``object``)."""
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype)
+    import numpy as np
+
+    try:
+        kind = np.asarray(value).dtype
+    except Exception:  # noqa: BLE001 - ragged or exotic: its Python type says enough
+        return type(value).__name__
+    return {"U": "str", "S": "bytes", "O": "object"}.get(kind.kind, str(kind))
+
+
+def as_row(batch: Any, refuse: Callable[[str, str], ConfigError]) -> dict[str, torch.Tensor]:
+    """One collated row (a batch of one) as tensors without the batch dimension; anything that is not a mapping
+    of numeric arrays is refused through ``refuse(allowed, what it returned)``."""
+    if not isinstance(batch, Mapping):
+        raise refuse("a mapping of field names to tensors (a dict or BatchEncoding)",
+                     f"a {type(batch).__name__}: {shown(batch, 60)}")
+    row = {}
+    for key, value in batch.items():
+        try:
+            t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        except Exception:  # noqa: BLE001 - strings, ragged lists, objects: not a tensor a model takes
+            raise refuse("numeric tensors in every field", f"{key} of dtype {_dtype_words(value)}") from None
+        if t.dtype == torch.bool or t.is_complex() or not (t.is_floating_point() or _is_int(t)):
+            raise refuse("numeric tensors in every field", f"{key} of dtype {t.dtype}")
+        row[str(key)] = t[0] if t.dim() >= 1 and t.shape[0] == 1 else t
+    return row
+
+
+def _is_int(t: torch.Tensor) -> bool:
+    return not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+
+
+def _bad_values(t: torch.Tensor, high: int | None, *, ignore: bool) -> Any:
+    """The first value of ``t`` outside ``[0, high)`` (``-100`` allowed when ``ignore``), else None."""
+    bad = t.lt(0) if high is None else (t.lt(0) | t.ge(high))
+    if ignore:
+        bad &= t.ne(IGNORE_INDEX)
+    return t[bad][0].item() if bool(bad.any()) else None
+
+
+def _id_problem(row: dict[str, torch.Tensor], vocab: int | None) -> tuple[str, str] | None:
+    """(what is allowed, what the row holds) when its input_ids are not token ids of the model, else None."""
+    ids = row.get("input_ids")
+    if ids is None:
+        return "input_ids and labels", f"no input_ids (fields: {', '.join(row) or 'none'})"
+    if not _is_int(ids):
+        return "input_ids of an integer dtype (token ids)", f"input_ids of dtype {ids.dtype}"
+    if ids.dim() != 1 or ids.numel() == 0:
+        return "input_ids of one row: a 1-D sequence of token ids", f"input_ids of shape {tuple(ids.shape)}"
+    bad = _bad_values(ids, vocab, ignore=False)
+    if bad is not None:
+        return f"input_ids in [0, {vocab}) (the model's vocab_size)", f"input_ids holding {bad}"
+    return None
+
+
+def _label_problem(row: dict[str, torch.Tensor], head: str, config) -> tuple[str, str] | None:
+    """(what is allowed, what the row holds) when its labels do not fit the head, else None."""
+    labels, n = row.get("labels"), len(row["input_ids"])
+    if labels is None:
+        return "input_ids and labels", f"no labels (fields: {', '.join(row)})"
+    num_labels = getattr(config, "num_labels", None)
+    if head == "sequence":
+        if labels.numel() != 1:
+            return "one label per row", f"labels of shape {tuple(labels.shape)}"
+        if num_labels == 1:
+            return None if labels.is_floating_point() else ("a float label (num_labels=1: regression)",
+                                                            f"labels of dtype {labels.dtype}")
+        if not _is_int(labels):
+            return "an integer class per row", f"labels of dtype {labels.dtype}"
+        bad = _bad_values(labels.reshape(-1), num_labels, ignore=False)
+        return None if bad is None else (f"a class in [0, {num_labels}) (the model's num_labels)",
+                                         f"labels holding {bad}")
+    if not _is_int(labels):
+        return "labels of an integer dtype: token ids or -100", f"labels of dtype {labels.dtype}"
+    if labels.dim() != 1 or (head != "seq2seq" and len(labels) != n):
+        want = "a 1-D sequence" if head == "seq2seq" else f"one label per input id ({n})"
+        return f"labels of one row: {want}", f"labels of shape {tuple(labels.shape)}"
+    high = num_labels if head == "token" else getattr(config, "vocab_size", None)
+    bad = _bad_values(labels, high, ignore=True)
+    what = "num_labels" if head == "token" else "vocab_size"
+    return None if bad is None else (f"labels in [0, {high}) (the model's {what}) or -100", f"labels holding {bad}")
+
+
+def _field_problem(row: dict[str, torch.Tensor], forward_params: set[str] | None) -> tuple[str, str] | None:
+    n = len(row["input_ids"])
+    for key, t in row.items():
+        if forward_params is not None and key not in forward_params:
+            return "fields the model's forward takes", f"a field {key!r}, which its forward does not take"
+        if key in ROW_SHAPED and (t.dim() != 1 or len(t) != n or not _is_int(t)):
+            return f"{key}: one integer per input id ({n})", f"{key} of shape {tuple(t.shape)}, dtype {t.dtype}"
+        if key == "attention_mask" and bool(((t != 0) & (t != 1)).any()):
+            return "attention_mask of 0 and 1", f"attention_mask holding {t[(t != 0) & (t != 1)][0].item()}"
+    return None
+
+
+def _forward_params(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls.forward`` takes; None when it takes any (``**kwargs``)."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(params) - {"self"}
+
+
+def check_rows(rows: list[dict[str, torch.Tensor]], model: HFModel, field: str, value: str, source: str) -> None:
+    """THE check of the rows the Trainer will get, whoever made them (the user's collator, their ``--data``):
+    fields the model takes, integer token ids within the vocabulary, labels of the head's dtype, shape and range
+    (-100 ignored), masks as long as the ids. A row that breaks one is refused in one line naming ``field=value``
+    and saying ``source`` (``--collator mods:fn returned``) and what it held -- before any model sees it.
+
+    Raises:
+        ConfigError: the first row that breaks one (with its index)."""
+    params = _forward_params(model.cls)
+    vocab = getattr(model.config, "vocab_size", None)
+    for i, row in enumerate(rows):
+        found = _id_problem(row, vocab if isinstance(vocab, int) else None)
+        found = found or _label_problem(row, model.head, model.config) or _field_problem(row, params)
+        if found:
+            allowed, held = found
+            raise ConfigError(field, value, f"rows a {HEADS[model.head]} takes: {allowed}",
+                              f"{source} {held} for row {i}")
+
+
 # ----------------------------------------------------------------- rows, targets, the reference
 
 @dataclass
@@ -188,6 +340,11 @@ class HFRows:
     def rows(self) -> list[dict[str, torch.Tensor]]:
         return [r for g in self.groups for r in g]
 
+    def model_code(self, method: str) -> contextlib.AbstractContextManager:
+        """Where the user's model runs (its ``method``): an exception there is one line naming the model."""
+        return blamed("model", self.model.spec, f"a model whose {method} runs on the rows",
+                      f"{self.model.cls.__name__}.{method}")
+
     def collate(self, rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Every field right-padded (input_ids with the pad id, labels -100, the masks 0), with an attention mask
         when the rows carry none; per-row scalars (a class) stacked -- what a padding collator does."""
@@ -214,7 +371,8 @@ class HFRows:
         x = {k: v[None] for k, v in row.items() if k != "labels"}  # the row's model inputs, unpadded
         if self.head == "seq2seq":
             x["labels"] = row["labels"][None]  # the model builds its decoder inputs from them, as in the Trainer
-        logits = model(**x).logits[0].float()
+        with self.model_code("forward"):
+            logits = model(**x).logits[0].float()
         labels = row["labels"]
         if self.head == "sequence":
             if labels.is_floating_point():
@@ -298,6 +456,8 @@ def hf_rows(cfg: RunConfig, model: HFModel, *, collator: str = "") -> HFRows:
         tok_dir = tokenizer_dir(cfg.section("data"), model)
         features = user_rows(cfg.section("data"), cfg.section("levers"), model, tok_dir)
         rows, source = collate_rows(cfg.section("run"), model, features, tok_dir, collator)
+        if not collator:
+            check_rows(rows, model, "data", cfg.data, f"--data {cfg.data} holds")
         source = f"the first {n} rows of {cfg.data}, {source}"
     else:
         g = torch.Generator().manual_seed(cfg.seed)
@@ -654,21 +814,19 @@ def collate_rows(run: RunSection, model: HFModel, features: list[dict[str, Any]]
         return rows, (f"tokenized by {tok_dir / 'tokenizer.json'}, no --collator: padded as "
                       "DataCollatorWithPadding pads")
     rows = []
+    said = f"--collator {spec}" if spec else name
     for i, f in enumerate(features):
-        try:
+        with blamed("collator", spec or name, f"a collator of rows with {', '.join(f)} (a {HEADS[model.head]})",
+                    said):
             batch = _seeded(collator, [dict(f)], row_seed(run.seed, i))
-        except Exception as e:  # noqa: BLE001 - one line naming the collator and the field it failed on
-            raise ConfigError("collator", spec or name,
-                              f"a collator of rows with {', '.join(f)} (a {HEADS[model.head]})",
-                              f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}") from None
-        row = {}
-        for k, v in dict(batch).items():
-            t = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
-            row[k] = t[0] if t.dim() >= 1 and t.shape[0] == 1 else t
-        if "labels" not in row or "input_ids" not in row:
-            raise ConfigError("collator", spec or name, "a collator returning input_ids and labels",
-                              f"it returned {', '.join(row) or 'nothing'}")
-        rows.append(row)
+
+        def refuse(allowed: str, held: str, i: int = i) -> ConfigError:
+            return ConfigError("collator", spec or name, f"a collator returning {allowed}",
+                               f"{said} returned {held} for row {i}")
+
+        rows.append(as_row(batch, refuse))
+    if spec:  # the default collator's rows are the data's: hf_rows checks them as --data
+        check_rows(rows, model, "collator", spec, f"{said} returned")
     return rows, f"collated by {name}, each row once (seed {run.seed} + its index)"
 
 
