@@ -17,6 +17,7 @@ from trainfit.errors import ConfigError, check_int
 from trainfit.front import memory as front
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
 from trainfit.meters.devices import DEVICES
+from trainfit.gate import check_write_target
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.progress import info
 from trainfit.report.plots import plot_memory
@@ -97,6 +98,7 @@ def run(args) -> int:
     check_int("nodes", nodes, minimum=1)
     budget = parse_bytes("budget", args.budget) if args.budget is not None else None
     if args.plot:  # every output path is checked before any work
+        check_write_target("--plot", args.plot)  # a named pipe or device would block the write
         check_output_file("--plot", args.plot, force=args.force, suffix=".png")
     if args.report:
         check_run_dir(cfg.run_dir)

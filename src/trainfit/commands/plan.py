@@ -26,6 +26,7 @@ from trainfit.front.plan import (
 )
 from trainfit.integrations.export_plan import TOOLS, check_write_for
 from trainfit.meters.devices import DEVICES
+from trainfit.gate import check_write_target
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.presets import MODEL_HELP
 from trainfit.progress import info
@@ -133,7 +134,12 @@ def request_of(args: argparse.Namespace) -> PlanRequest:
 
 
 def check_outputs(args: argparse.Namespace) -> dict:
-    """``--write``, ``--write-for`` and ``--report``'s run directory, checked before any work."""
+    """``--write``, ``--write-for`` and ``--report``'s run directory, checked before any work: a file to write is
+    new or a regular file (``gate.check_write_target``: a named pipe would block the write, a device be written)."""
+    if args.write:
+        check_write_target("write", args.write)
+    if args.write_for:
+        check_write_target("write-for", args.write_for[1])
     return dict(write_for=check_write_for(args.write_for, force=args.force) if args.write_for else None,
                 write=check_output_file("write", args.write, force=args.force, suffix=".toml") if args.write else None,
                 run_dir=check_run_dir(args.run_dir) if args.report else None)

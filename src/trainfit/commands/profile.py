@@ -13,6 +13,7 @@ from trainfit.commands.flags import add_output_group, add_run_flags, config_from
 from trainfit.commands.report import save_and_report
 from trainfit.config import MAX_STEPS
 from trainfit.front.profile import profile
+from trainfit.gate import check_write_target
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.report.plots import plot_profile
 from trainfit.results import ProfileReport
@@ -55,6 +56,7 @@ def register(sub) -> None:
 def run_command(args) -> int:
     cfg = config_from_args(args)  # validates --steps (>= 1) with the other flags
     if args.plot:  # every output path is checked before profiling, not after
+        check_write_target("--plot", args.plot)  # a named pipe or device would block the write
         check_output_file("--plot", args.plot, force=args.force, suffix=".png")
     if args.report:
         check_run_dir(cfg.run_dir)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from trainfit.errors import ConfigError
+from trainfit.gate import check_write_target
 from trainfit.outputs import check_output_file, check_path_text, claim_run_dir, dumps_json, mark_non_finite, owns
 from trainfit.report import write_report
 from trainfit.report.data import REPORT, read_docs, write_text_atomic
@@ -52,6 +53,7 @@ def report_target(root: Path, out, *, force: bool) -> Path:
     is a page trainfit wrote; anything else there under that name is the user's and needs ``--force``.
     """
     if out is not None:
+        check_write_target("--out", out)  # a named pipe would block the write: refused before any work
         return check_output_file("--out", out, force=force)
     path = root / REPORT
     if path.is_dir() or (path.exists() and not path.is_file()):
