@@ -142,7 +142,14 @@ def load_mapping(path: str) -> dict[str, Any]:
     fmt = _format(path)
     if fmt == "yaml" and importlib.util.find_spec("yaml") is None:
         raise ConfigError("from", path, "a JSON file (reading YAML needs PyYAML)", "pip install 'trainfit[accelerate]'")
-    data = gate.read_document(path, field="from", fmt=fmt, limits=gate.CONFIG)
+    try:
+        data = gate.read_document(path, field="from", fmt=fmt, limits=gate.CONFIG)
+    except ConfigError as e:
+        if fmt == "yaml" and str(e).endswith("keys and items)"):  # a few hundred bytes of nested aliases: say so
+            raise ConfigError("from", path, f"a YAML document of {gate.CONFIG.words()}",
+                              f"more than {gate.CONFIG.max_items:,} keys and items once its YAML aliases are "
+                              "expanded; write the settings out") from None
+        raise
     if not isinstance(data, dict) or not data:
         raise ConfigError("from", path, EXPECTED, "the file does not hold a mapping of settings")
     return data
