@@ -32,7 +32,7 @@ from trainfit.config import RunConfig
 from trainfit.errors import CheckpointError
 from trainfit.gate import RECORD, read_document
 from trainfit.tasks.identity import FIELDS as DATA_FIELDS
-from trainfit.tasks.identity import data_identity, describe, same
+from trainfit.tasks.identity import data_identity, describe, difference, same
 
 FORMAT = "trainfit-checkpoint-v1"
 
@@ -141,9 +141,10 @@ def _check_data(saved: dict, now: dict, path: Path) -> None:
         return  # written before the data's identity was recorded
     for key in DATA_FIELDS:
         if key in old and not same(key, old[key], new.get(key, "")):
+            which = difference(key, old[key], new.get(key, ""))
             raise CheckpointError(f"checkpoint {path} was written with {key}={describe(key, old[key])}, this run has "
-                                  f"{key}={describe(key, new.get(key, ''))}; resume with the same {key} or use a new "
-                                  "--run-dir")
+                                  f"{key}={describe(key, new.get(key, ''))}{f': {which}' if which else ''}; resume "
+                                  f"with the same {key} or use a new --run-dir")
 
 
 def first_cause(e: BaseException) -> str:

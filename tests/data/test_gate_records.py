@@ -8,7 +8,6 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 from tests.data.conftest import STDLIB_JSON
 
 TINY = ["--model", "gpt-tiny", "--model-config", "n_layer=1,d_model=16,n_head=2", "--seq-len", "8",

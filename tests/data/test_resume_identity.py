@@ -190,6 +190,7 @@ def test_sharded_checkpoint_resume_is_refused_under_two_ranks_and_in_one_process
     rc, err = cli(*two_ranks)  # (in this process: the launcher starts the two ranks either way)
     assert rc == 0, err
     assert list((run / "checkpoints").glob("step-*.dcp"))
-    line = resume_refused(run, [*two_ranks, "--data", str(trained["other"])], "data")
+    resumed = [a for a in two_ranks if a not in ("--run-dir", str(run))]  # resume_refused names --run-dir itself
+    line = resume_refused(run, [*resumed, "--data", str(trained["other"])], "data")
     assert ".dcp" in line
     resume_refused(run, [str(trained["toml"]), "--tokenizer", str(trained["bpe"])], "tokenizer")
