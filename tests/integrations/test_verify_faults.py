@@ -112,6 +112,21 @@ class WatchingTrainer(tf.Trainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
+def broken_model(seq_len=8, seed=0):
+    """A user's ``module:callable`` model for the other frameworks, whose forward raises."""
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            raise ValueError("my forward is broken")
+
+    return {"model": Broken(), "batch": lambda n: {"x": torch.randn(n, 4), "y": torch.randint(0, 3, (n,))},
+            "loss": lambda m, b: (torch.nn.functional.cross_entropy(m(b["x"]), b["y"], reduction="sum"),
+                                  len(b["y"]))}
+
+
 # ----------------------------------------------------------------- the model
 
 @pytest.fixture(scope="module")
@@ -220,6 +235,13 @@ def test_data_rows_outside_the_vocabulary_are_one_line_naming_the_file(tmp_path)
     r = cli(["verify", "--framework", "hf-trainer", "--model", f"hf:{d}", "--data", str(data), "--seq-len", "12",
              "--micro-batch", str(M), "--accumulation", str(K)], cwd=tmp_path)
     _one_line(r, f"data='{data}'", f"--data {data} holds input_ids holding 99999", f"[0, {VOCAB})")
+
+
+@pytest.mark.parametrize("framework", ["accelerate", "lightning"])
+def test_the_other_frameworks_name_a_faulty_model(tmp_path, framework):
+    r = cli(["verify", "--framework", framework, "--model", f"{THIS}:broken_model", "--micro-batch", str(M),
+             "--accumulation", str(K)], cwd=tmp_path)
+    _one_line(r, f"model='{THIS}:broken_model'", "raised ValueError: my forward is broken")
 
 
 # ----------------------------------------------------------------- progress as it goes (row 14)
