@@ -100,6 +100,18 @@ def test_the_tokenizing_bar_draws_without_quiet_and_not_with_it(tmp_path, monkey
     assert "tokenizing" not in err and _said(err) == [], err
 
 
+def test_prepare_without_json_says_its_answer_on_stdout_and_nothing_on_stderr_when_quiet(tmp_path, monkeypatch):
+    data = _write_corpus(tmp_path / "c.txt", 11)
+    rc, err = _run(["prepare", "--data", str(data), "--out", str(tmp_path / "loud")], monkeypatch, tmp_path)
+    assert rc == 0 and f"trainfit: train on it with: trainfit train --data {tmp_path / 'loud'}" in err
+    out = io.StringIO()
+    err_stream = Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err_stream)
+    assert main(["prepare", "--quiet", "--data", str(data), "--out", str(tmp_path / "quiet")]) == 0
+    assert err_stream.getvalue() == "" and out.getvalue().startswith(f"prepared {tmp_path / 'quiet'}: ")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.cli

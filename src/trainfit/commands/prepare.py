@@ -14,6 +14,7 @@ import sys
 from trainfit.commands.flags import add_output_group
 from trainfit.front.prepare import prepare
 from trainfit.outputs import dumps_json
+from trainfit.progress import info
 from trainfit.tasks.tokenizer import BYTE
 
 JSON_KEYS = ("out", "n_documents", "n_tokens", "skipped_documents", "vocab_size", "eod_id", "dtype", "tokenizer")
@@ -48,5 +49,5 @@ def run(args) -> int:
         print(f"prepared {r.out}: {r.n_documents:,} documents, {r.n_tokens:,} tokens ({r.dtype}, "
               f"tokenizer {r.tokenizer}, vocabulary {r.vocab_size:,})"
               + (f"; {r.skipped_documents:,} empty document(s) skipped" if r.skipped_documents else ""))
-        print(f"train on it with: trainfit train --data {r.out}", file=sys.stderr)
+        info("prepare", f"train on it with: trainfit train --data {r.out}")  # a hint: --quiet drops it
     return 0
