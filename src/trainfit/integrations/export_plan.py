@@ -251,6 +251,17 @@ def _windowed(levers: LeversSection, dist: DistributionSection, nodes: int) -> b
     return levers.accumulation * _total_devices(dist, nodes) > 1
 
 
+def _block_period(ckpt) -> int | None:
+    """The one fact the tools' checkpointing settings take: every how many blocks a whole block is checkpointed
+    (0: none, 1: every block, K: every:K); None for a policy of modules or ops (class:Name, selective, budget:F),
+    which no tool's setting holds. The only place the policy's class is asked."""
+    if isinstance(ckpt, NoCheckpointing):
+        return 0
+    if isinstance(ckpt, EveryBlock):
+        return 1
+    return ckpt.k if isinstance(ckpt, EveryKthBlock) else None
+
+
 def _ckpt_name(levers: LeversSection) -> str:
     return levers.checkpointing.spec
 
@@ -322,21 +333,21 @@ def _hf_trainer(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
 def _hf_checkpointing(levers: LeversSection, args: dict, fsdp_config: dict | None) -> list[Gap]:
     """Activation checkpointing as TrainingArguments (``args``), or FSDP's own in ``fsdp_config`` under FSDP2
     (both filled in here); the gaps of what the Trainer checkpoints otherwise."""
-    ckpt = levers.checkpointing
+    every = _block_period(levers.checkpointing)
     gaps: list[Gap] = []
-    if isinstance(ckpt, NoCheckpointing):
+    if every == 0:
         args["activation_checkpointing"] = False
-    elif isinstance(ckpt, EveryBlock) and fsdp_config is not None:
+    elif every == 1 and fsdp_config is not None:
         fsdp_config["activation_checkpointing"] = True  # transformers: FSDP's own, no extra all-gather
-    elif isinstance(ckpt, (EveryBlock, EveryKthBlock)):
+    elif every is not None:
         args["activation_checkpointing"] = True
-        if isinstance(ckpt, EveryKthBlock) and ckpt.k > 1:
-            args["activation_checkpointing_kwargs"] = {"every_n_layers": ckpt.k}
+        if every > 1:
+            args["activation_checkpointing_kwargs"] = {"every_n_layers": every}
             if fsdp_config is not None:
-                gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints every {ckpt.k}th block inside FSDP2",
+                gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints every {every}th block inside FSDP2",
                                 instead="activation_checkpointing with every_n_layers under FSDP: transformers "
                                         "warns it adds an all-gather in backward"))
-    else:  # class:Name
+    else:  # class:Name, selective, budget:F
         args["activation_checkpointing"] = True
         gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints the modules of {_ckpt_name(levers)}",
                         instead="activation_checkpointing=True checkpoints every decoder layer the model marks "
@@ -380,7 +391,7 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
             "fsdp_offload_params": _fsdp_cpu_offload(lev),
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": False,
-            "fsdp_activation_checkpointing": isinstance(ckpt, EveryBlock),
+            "fsdp_activation_checkpointing": _block_period(ckpt) == 1,
         }
         if precision_facts(precision).autocast is not None:
             gaps.append(Gap(lever="precision", trainfit=f"reduce-scatters gradients in fp32 under {dist.strategy} "
@@ -398,7 +409,7 @@ def _accelerate(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_token_gap("accelerator.backward divides each micro-batch's loss by gradient_accumulation_steps: "
                                "a mean of means unless the loss is the micro-batch's sum over the window's token "
                                "count (gathered across ranks) times gradient_accumulation_steps x num_processes"))
-    if not isinstance(ckpt, NoCheckpointing) and not (s.fsdp and isinstance(ckpt, EveryBlock)):
+    if _block_period(ckpt) != 0 and not (s.fsdp and _block_period(ckpt) == 1):
         where = "fsdp_activation_checkpointing checkpoints every wrapped layer, so it is off" if s.fsdp else \
             "the config file holds activation checkpointing only under FSDP"
         gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(lev)}",
@@ -451,7 +462,7 @@ def _accelerator_call(script: dict) -> str:
 
 
 def _hf_enable_call(ckpt) -> str:
-    if isinstance(ckpt, EveryKthBlock) and ckpt.k > 1:
+    if (_block_period(ckpt) or 0) > 1:
         return f"model.activation_checkpointing_enable(every_n_layers={ckpt.k})"
     return "model.activation_checkpointing_enable()"
 
@@ -495,7 +506,7 @@ def _lightning(cfg: RunConfig, *, nodes: int, cpu: bool) -> ToolConfig:
         gaps.append(_zero1_gap(dist.strategy, 'strategy="ddp" replicates the optimizer state (or return '
                                "torch.distributed.optim.ZeroRedundancyOptimizer from configure_optimizers)"))
     ckpt = lev.checkpointing
-    if not isinstance(ckpt, NoCheckpointing):
+    if _block_period(ckpt) != 0:
         fsdp_hint = "; under fsdp, FSDPStrategy(activation_checkpointing_policy={YourBlock})" if s.fsdp else ""
         gaps.append(Gap(lever="checkpointing", trainfit=f"checkpoints {_ckpt_name(lev)}",
                         instead="Trainer and Fabric take no activation-checkpointing argument: enable it in the "
