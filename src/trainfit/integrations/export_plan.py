@@ -2,8 +2,12 @@
 
 Most users train with the Hugging Face ``Trainer``, an Accelerate loop or Lightning. The planner's row --
 precision, micro-batch, accumulation, activation checkpointing, strategy, gradient sync, devices -- is
-written in that tool's vocabulary, and every lever the tool cannot express exactly is listed as a
-:class:`Gap`: what trainfit would do, and what the tool will do instead. Nothing is dropped quietly.
+written in that tool's vocabulary. A written plan runs exactly as planned, or is not written: the precision,
+the sharding stage and the offload are in the file in the tool's own terms, or the row is refused
+(:func:`unexpressed`, :func:`unrunnable`; with ``--write-for`` the search keeps to what the file holds). Every
+other lever the tool cannot express exactly (loss weighting, a checkpointing period, FSDP's reduce dtype, the
+device count of a torchrun launch) is listed as a :class:`Gap`: what trainfit would do, and what the tool will
+do instead. Nothing is dropped quietly.
 
 * ``hf-trainer``: ``transformers.TrainingArguments`` keyword arguments as JSON (``TrainingArguments(
   output_dir=..., **json.load(f))``); FSDP2 through ``fsdp=True, fsdp_config={"version": 2, ...}``
@@ -12,8 +16,10 @@ written in that tool's vocabulary, and every lever the tool cannot express exact
 * ``accelerate``: an ``accelerate launch --config_file`` YAML as ``accelerate config`` writes it
   (``ClusterConfig``). The file has no key for the micro-batch or the accumulation (its loader refuses
   unknown keys): they are script settings, written as comments and listed as gaps.
-* ``lightning``: ``{"trainer": Trainer kwargs, "fabric": Fabric kwargs, "fsdp_strategy": FSDPStrategy
-  kwargs (zero2/zero3 only), "batch_size": micro-batch}`` as JSON; Lightning starts the processes itself.
+* ``lightning``: ``{"trainer": Trainer kwargs, "fabric": Fabric kwargs, "batch_size": micro-batch}`` as JSON;
+  under zero2/zero3 each ``strategy`` is the FSDPStrategy object as LightningCLI spells it (``class_path``,
+  ``init_args`` with its ``sharding_strategy`` and ``cpu_offload``: ``lightning.pytorch.cli.instantiate_class``
+  builds it); Lightning starts the processes itself.
 
 It maps a :class:`~trainfit.config.RunConfig` (the plan's row, as ``plan --write`` writes it) to text: only the
 levers the plan chose (precision, micro-batch, accumulation, checkpointing, distribution, offload, compile); the
