@@ -13,6 +13,12 @@ Text: the Python standard library's own source (nothing downloaded), cut into do
     .venv/bin/python benchmarks/prepare_memory.py                         # ~10 min on 2 busy CPUs
     .venv/bin/python benchmarks/prepare_memory.py --old /tmp/old/src      # also the code before, on 1 x 30 MB
     .venv/bin/python benchmarks/prepare_memory.py --quick                 # the 1 MB cases only
+    .venv/bin/python benchmarks/prepare_memory.py --blobs --old /tmp/old/src   # issue 35 row 10 (below)
+
+``--blobs`` (results in ``results/prepare_memory_blob.md``): one document of 1, 20 and 200 MB with no whitespace
+at all (base64 of random bytes, written in chunks), under the byte tokenizer and the 2,000-id byte-level BPE;
+``--old`` adds the code before on the 1 and 4 MB blobs under BPE (it encoded such a document whole: ~300 bytes per
+input byte). Each row is one ``trainfit prepare`` process: its peak RSS is the peak of one worker.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ BYTE_CASES = [(1, 1 * MB), (10, 1 * MB), (100, 1 * MB), (3, 100 * MB)]
 BPE_CASES = [(1, 1 * MB), (10, 1 * MB), (1, 20 * MB)]
 """BPE runs at ~0.2 MB/s on this busy box: its largest case is one 20 MB document, not 3 x 100 MB."""
 OLD_CASES = [(10, 1 * MB), (1, 30 * MB)]
+BLOB_MB = (1, 20, 200)
+OLD_BLOB_MB = (1, 4)
+"""The code before held a blob whole under BPE (4.9 GB for 20 MB, reported): measured on small ones only."""
 BPE_NOTE = ("; the rise from 1 to 20 MB of input is far below the input (likely the tokenizers library's BPE word "
             "cache, bounded at 10,000 words, filling: not measured apart). BPE tokenizes at ~0.2 MB/s on this busy "
             "box, so its largest case is one 20 MB document, not 3 x 100 MB.")
@@ -119,14 +128,74 @@ def encode_batch_rate(tok, data: Path) -> float:
     return sum(len(x.encode()) for x in texts) / MB / (time.perf_counter() - t)
 
 
+def blob(root: Path, size: int) -> Path:
+    """One document of ``size`` bytes with no whitespace: base64 of random bytes (seeded), written in chunks."""
+    import base64
+    import random
+
+    rng, path = random.Random(size), root / f"blob{size // MB}MB.txt"
+    with open(path, "w", encoding="ascii") as f:
+        left = size
+        while left:
+            text = base64.b64encode(rng.randbytes(3 * MB // 4)).decode()[:left]
+            f.write(text)
+            left -= len(text)
+    return path
+
+
+def blobs(root: Path, bpe_dir: Path, old: str | None) -> list[dict]:
+    """Peak RSS and wall time of prepare on a whitespace-free document of each size, both tokenizers (and the
+    code before on the small ones)."""
+    rows = []
+    for size_mb in BLOB_MB:
+        data = blob(root, size_mb * MB)
+        for tokenizer in ("byte", "bpe"):
+            rows.append({"tokenizer": tokenizer, "case": f"1 x {size_mb} MB, no whitespace", "code": "new",
+                         **prepare(data, root / "out", "byte" if tokenizer == "byte" else str(bpe_dir))})
+            print(rows[-1], flush=True)
+            if old and tokenizer == "bpe" and size_mb in OLD_BLOB_MB:
+                rows.append({"tokenizer": tokenizer, "case": rows[-1]["case"], "code": "old",
+                             **prepare(data, root / "out", str(bpe_dir), pythonpath=old)})
+                print(rows[-1], flush=True)
+        data.unlink()
+    for size_mb in [m for m in OLD_BLOB_MB if m not in BLOB_MB] if old else []:
+        data = blob(root, size_mb * MB)
+        for code, path in (("new", None), ("old", old)):
+            rows.append({"tokenizer": "bpe", "case": f"1 x {size_mb} MB, no whitespace", "code": code,
+                         **prepare(data, root / "out", str(bpe_dir), pythonpath=path)})
+            print(rows[-1], flush=True)
+        data.unlink()
+    return rows
+
+
+def main_blobs(old: str | None) -> None:
+    root = Path(tempfile.mkdtemp(prefix="prepare_memory-"))
+    try:
+        bpe_dir = root / "bpe"
+        trained_bpe(source_text(), bpe_dir)
+        tiny = root / "tiny.txt"
+        tiny.write_text("x" * 1000)
+        startup = prepare(tiny, root / "out", "byte")
+        rows = blobs(root, bpe_dir, old)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    load = os.getloadavg()[0]
+    write_results("prepare_memory_blob", {"load_average": load, "startup": startup, "rows": rows},
+                  render_blobs(rows, startup, load))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", help="PYTHONPATH of the code before (its src/), measured on OLD_CASES")
     ap.add_argument("--quick", action="store_true", help="the 1 MB cases only")
-    ap.add_argument("--render", action="store_true", help="only rewrite results/prepare_memory.md from its .json")
+    ap.add_argument("--render", action="store_true", help="only rewrite results/prepare_memory.md (with --blobs: "
+                                                          "prepare_memory_blob.md) from its .json")
+    ap.add_argument("--blobs", action="store_true", help="documents of 1, 20 and 200 MB with no whitespace")
     args = ap.parse_args()
     if args.render:
-        return rerender()
+        return rerender("prepare_memory_blob" if args.blobs else "prepare_memory")
+    if args.blobs:
+        return main_blobs(args.old)
     big = lambda cases: [c for c in cases if not args.quick or c[1] <= MB]  # noqa: E731
     root = Path(tempfile.mkdtemp(prefix="prepare_memory-"))
     try:
@@ -194,14 +263,41 @@ def render(rows: list[dict], startup: dict, load: float) -> str:
     return "\n".join(lines)
 
 
-def rerender() -> None:
+def render_blobs(rows: list[dict], startup: dict, load: float) -> str:
+    lines = [f"Load average at the end: {load:.1f} on {os.cpu_count()} CPUs (shared with other jobs: times are noisy, "
+             f"peaks are not). Start-up of `trainfit prepare` on a 1 KB document: {startup['wall_s']:.1f} s, peak "
+             f"{startup['peak_rss_mb']:.0f} MB. One document per row, with no whitespace at all (base64 of random "
+             "bytes); bpe is a 2,000-id byte-level BPE trained here. Each row is one prepare process (one worker): "
+             "its peak RSS is the worker's.", "",
+             "| tokenizer | document | code | input MB | peak RSS MB | above start-up MB | bytes per input byte | "
+             "wall s | MB/s |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        above = r["peak_rss_mb"] - startup["peak_rss_mb"]
+        lines.append(f"| {r['tokenizer']} | {r['case']} | {r['code']} | {r['input_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
+                     f"{above:.0f} | {above * 2**20 / (r['input_mb'] * MB):.2f} | {r['wall_s']:.1f} | "
+                     f"{r['mb_per_s']:.2f} |")
+    for tok in ("byte", "bpe"):
+        new = [r for r in rows if r["tokenizer"] == tok and r["code"] == "new"]
+        if new:
+            lines += ["", f"{tok}, this code: peak RSS {min(r['peak_rss_mb'] for r in new):.0f}-"
+                      f"{max(r['peak_rss_mb'] for r in new):.0f} MB over documents of "
+                      f"{min(r['input_mb'] for r in new):.0f}-{max(r['input_mb'] for r in new):.0f} MB."]
+    for r in (r for r in rows if r["code"] == "old"):
+        n = next(x for x in rows if x["code"] == "new" and x["case"] == r["case"] and x["tokenizer"] == "bpe")
+        lines += ["", f"Before (the code before issue 35, same command): {r['case']} under bpe peaked at "
+                  f"{r['peak_rss_mb']:.0f} MB ({(r['peak_rss_mb'] - startup['peak_rss_mb']) / r['input_mb']:.0f} MB "
+                  f"per input MB: the document was encoded whole); now {n['peak_rss_mb']:.0f} MB."]
+    return "\n".join(lines)
+
+
+def rerender(name: str) -> None:
     """Rewrite the .md from the .json (after a change to the table only)."""
     from _common import RESULTS
 
-    data = json.loads((RESULTS / "prepare_memory.json").read_text())
-    header = (RESULTS / "prepare_memory.md").read_text().split("\n\n")[:2]
-    (RESULTS / "prepare_memory.md").write_text("\n\n".join(header) + "\n\n" +
-                                               render(data["rows"], data["startup"], data["load_average"]) + "\n")
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    header = (RESULTS / f"{name}.md").read_text().split("\n\n")[:2]
+    table = (render_blobs if name.endswith("_blob") else render)(data["rows"], data["startup"], data["load_average"])
+    (RESULTS / f"{name}.md").write_text("\n\n".join(header) + "\n\n" + table + "\n")
 
 
 if __name__ == "__main__":

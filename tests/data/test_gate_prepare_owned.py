@@ -20,10 +20,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tests.data.conftest import STDLIB_JSON
 from tests.data.test_prepare_bounded import _as_from_a_shell, _document
 from tests.reliability.cli_harness import cli
+
 from trainfit.tasks.prepared import open_prepared
 
 MARKER = ".trainfit-prepare"

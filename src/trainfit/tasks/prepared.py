@@ -64,7 +64,18 @@ BATCH_CHARS = UNIT_CHARS * (os.cpu_count() or 1)
 CUT_WINDOW = 128
 """Characters either side of a cut that must encode apart as together (Hugging Face tokenizers)."""
 CUT_TRIES = 16
-"""Newlines, then spaces, tried as cuts per unit before looking further."""
+"""Pre-token boundaries tried as cuts per unit (latest first) before looking further."""
+SCAN_CHARS = 4 * CUT_WINDOW
+"""Characters before a unit's end searched for a pre-token boundary to cut at."""
+MAX_UNIT_CHARS = 1 << 20
+"""The most characters ever tokenized in one call (1 Mi): a document that its tokenizer cannot cut more finely
+(one pre-token of a million characters) is refused, so a worker's memory stays bounded whatever the document."""
+MEMORY_PER_WORKER_MB = 400
+"""The stated bound on one prepare process's peak memory, whatever the document: start-up (~40 MB, ~75 MB with a
+BPE loaded), a unit of :data:`UNIT_CHARS` per CPU (~300 bytes per character under a BPE tokenizer: ~10 MB each),
+and at worst one uncut unit of :data:`MAX_UNIT_CHARS` (a 1,000,000-letter pre-token: 255 MB peak measured).
+Measured flat at 77-81 MB for whitespace-free documents of 1 to 200 MB under BPE, 39-40 MB under bytes
+(``benchmarks/results/prepare_memory_blob.md``; the code before: 1,090 MB for 4 MB)."""
 OFFSETS_PER_WRITE = 1 << 16
 """Document end offsets buffered per write of documents.bin."""
 READ_CHUNK = 1 << 20
@@ -127,8 +138,13 @@ def tokenize_documents(texts: Iterable[str], tokenizer: TextTokenizer, *, progre
     bar = tqdm(unit="doc", desc=desc, file=sys.stderr, disable=not progress, dynamic_ncols=True)
     batch: list[str] = []
 
+    def encode(texts: list[str]) -> Iterable[np.ndarray]:
+        if threads and all(len(t) <= UNIT_CHARS for t in texts):
+            return tokenizer.encode_many(texts)
+        return map(lambda t: encode_bounded(t, tokenizer), texts)  # noqa: C417 - lazily, one document at a time
+
     def flush():
-        for ids in (tokenizer.encode_many(batch) if threads else map(tokenizer.encode, batch)):
+        for ids in encode(batch):
             yield (np.append(ids, tokenizer.eod_id) if len(ids) + 1 >= MIN_DOC_TOKENS else None), len(ids)
         bar.update(len(batch))
         batch.clear()
@@ -141,6 +157,15 @@ def tokenize_documents(texts: Iterable[str], tokenizer: TextTokenizer, *, progre
         yield from flush()
     finally:
         bar.close()
+
+
+def encode_bounded(text: str, tokenizer: TextTokenizer) -> np.ndarray:
+    """``tokenizer.encode(text)``, a unit of about :data:`UNIT_CHARS` characters at a time when ``text`` is longer
+    (cut where apart encodes as together: :func:`_units`), so the tokenizer's own memory stays bounded whatever the
+    document; the ids are the same."""
+    if tokenizer.backend is None or len(text) <= UNIT_CHARS:
+        return tokenizer.encode(text)
+    return np.concatenate([tokenizer.encode(unit) for unit, _ in _units([(text, True)], tokenizer)])
 
 
 class _HashedFile:
@@ -161,26 +186,46 @@ def _alike(backend: Any, text: str, i: int) -> bool:
     return ids(a + b) == ids(a) + ids(b)
 
 
+def _boundaries(backend: Any, text: str, lo: int, hi: int) -> list[int]:
+    """Where the tokenizer's own pre-tokenizer splits ``text[lo:hi]`` between two pre-tokens that both lie inside
+    it (the first and the last may be cut short by the window), latest first, as indices of ``text``.
+
+    The model (BPE, WordPiece, Unigram) encodes each pre-token apart: no merge crosses such a split, so a cut
+    there keeps the ids of the whole document (checked again by :func:`_alike`)."""
+    spans = backend.pre_tokenizer.pre_tokenize_str(text[lo:hi])
+    return [lo + a for _, (a, _b) in reversed(spans[2:-1])]
+
+
 def _cut(tokenizer: TextTokenizer, text: str, start: int, end: int) -> int:
-    """The latest index in (start, end] where ``text`` tokenizes apart as together; 0 when none is found. Bytes
-    cut anywhere; a Hugging Face tokenizer is cut after a newline or at a space, tried against the tokenizer."""
-    if tokenizer.backend is None:
+    """The latest index in (start, end] where ``text`` tokenizes apart as together; 0 when none is found.
+
+    Bytes cut anywhere. A Hugging Face tokenizer is cut between two of its pre-tokens in the last
+    :data:`SCAN_CHARS` before ``end`` (a run with no whitespace -- a base64 blob -- splits there too: at a
+    letter/digit/punctuation change for byte-level BPE), each cut tried against the tokenizer (:func:`_alike`)
+    before it is taken. One with no pre-tokenizer is never cut: its model merges across the whole text (spaces
+    included), so no local test proves a cut exact (cuts after whitespace, tried over 128 characters either side,
+    changed the ids of such a BPE); its documents are bounded by :data:`MAX_UNIT_CHARS` instead."""
+    backend = tokenizer.backend
+    if backend is None:
         return end
-    for sep, after in (("\n", 1), (" ", 0)):
-        i = end
-        for _ in range(CUT_TRIES):
-            i = text.rfind(sep, start + 1, i)
-            if i < 0:
-                break
-            if start < i + after <= end and _alike(tokenizer.backend, text, i + after):
-                return i + after
-    return 0
+    if backend.pre_tokenizer is None:
+        return 0
+    lo = max(start + 1, end - SCAN_CHARS)
+    inside = [i for i in _boundaries(backend, text, lo, min(len(text), end + CUT_WINDOW)) if start < i <= end]
+    return next((i for i in inside[:CUT_TRIES] if _alike(backend, text, i)), 0)
+
+
+def _too_long(tokenizer: TextTokenizer, held: int) -> ConfigError:
+    return ConfigError("data", f"a document with {held:,}+ characters in a row", "documents the tokenizer can cut "
+                       f"into parts of at most {MAX_UNIT_CHARS:,} characters (bounded memory)",
+                       f"tokenizer {tokenizer.name} gives no place in them where encoding apart equals encoding "
+                       "together (one pre-token, or no pre-tokenizer and no whitespace); split the document")
 
 
 def _units(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer) -> Iterator[tuple[str, bool]]:
     """``(text, ends_document)`` of at most about :data:`UNIT_CHARS` characters each, cut where tokenizing them
     apart gives the same ids as the whole document (a text with no such cut is held until one comes or the
-    document ends)."""
+    document ends, up to :data:`MAX_UNIT_CHARS`: past that it is refused, never tokenized in unbounded memory)."""
     ahead = 0 if tokenizer.backend is None else CUT_WINDOW  # a cut needs the text after it
     carry, end = "", UNIT_CHARS
     for text, last in pieces:
@@ -192,6 +237,8 @@ def _units(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer) -> Iter
                 start, end = cut, cut + UNIT_CHARS
             else:
                 end += UNIT_CHARS  # no cut here: look further (a longer unit)
+        if len(buf) - start > MAX_UNIT_CHARS:
+            raise _too_long(tokenizer, len(buf) - start)
         if last:
             yield buf[start:], True
             end = UNIT_CHARS
@@ -272,6 +319,10 @@ MARKER_FORMAT = "trainfit-prepare-temporary"
 _MARKER_LIMITS = Limits(max_bytes=4096, max_depth=2, max_items=16)
 OWN_NAMES = (TOKENS, DOCUMENTS, SIDECAR, TEMPORARY_MARKER)
 """All a temporary directory of prepare ever holds: one holding anything else is not removed."""
+
+
+class OutOfMemory(TrainfitError):
+    """Python ran out of memory while prepare was writing: its temporary directory is removed."""
 
 
 class Terminated(TrainfitError):
@@ -423,14 +474,19 @@ def write_prepared(out: Path, *, pieces: Iterable[tuple[str, bool]], tokenizer: 
         ConfigError: naming ``data`` when no document gives a label (nothing is left behind). On any exception,
             Ctrl-C included, ``OUT.tmp-<pid>`` is removed.
         Terminated: SIGTERM arrived (in the main thread); ``OUT.tmp-<pid>`` is removed.
+        OutOfMemory: a ``MemoryError``; ``OUT.tmp-<pid>`` is removed.
     """
     with _sigterm_raises():
         tmp = make_temporary(out)
         try:
             return _write_into(tmp, out, pieces=pieces, tokenizer=tokenizer, sources=sources,
                                text_field=text_field, data=data, progress=progress)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)  # made by this call (an exclusive mkdir): all of it is ours
+            if isinstance(e, MemoryError):
+                raise OutOfMemory(f"prepare ran out of memory writing {out}; its temporary directory was removed "
+                                  f"and --out was not written (each worker needs about {MEMORY_PER_WORKER_MB} "
+                                  "MB)") from None
             raise
 
 
