@@ -144,6 +144,19 @@ def test_a_killed_prepares_marked_directory_is_removed_by_the_next_and_nothing_e
     assert r.rc == 0, r.err
     assert not killed.exists() and not reused.exists()
     assert {d.name: tree(d) for d in (live, extra, unmarked)} == kept
-    said = [ln for ln in r.err.splitlines() if "removed" in ln]
+    said = [ln for ln in r.err.splitlines() if ln.startswith("trainfit: removed")]
     assert len(said) == 1 and killed.name in said[0] and reused.name in said[0], r.err
     assert open_prepared(tmp_path / "out")[1]["n_documents"] == 1
+
+
+def test_the_line_naming_removed_directories_is_cut(tmp_path):
+    """Thirty killed prepares' directories: one line, eight names, then how many more."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    marker = json.dumps({"format": "trainfit-prepare-temporary", "pid": int(dead.stdout), "start": 1, "boot": ""})
+    for i in range(30):
+        (tmp_path / f"out.tmp-{i}").mkdir()
+        (tmp_path / f"out.tmp-{i}" / MARKER).write_text(marker)
+    r = cli(["prepare", "--data", str(DOC), "--out", str(tmp_path / "out")])
+    said = [ln for ln in r.err.splitlines() if ln.startswith("trainfit: removed")]
+    assert r.rc == 0 and len(said) == 1 and "(22 more)" in said[0] and len(said[0]) < 400, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -55,3 +55,14 @@ def test_a_checkpoint_sidecar_nested_5000_deep_is_refused_in_one_line(tmp_path, 
     r = trainfit_cli("train", *TINY, "--steps", "3", "--checkpoint-every", "2", "--run-dir", run, "--resume")
     line = refused_in_one_line(r, tmp_path, before)
     assert "step-00000002" in line and "nested" in line, line
+
+
+def test_a_tokenizer_config_nested_5000_deep_is_refused_in_one_line(tmp_path, trainfit_cli, bpe_dir):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_bytes((bpe_dir / "tokenizer.json").read_bytes())
+    (tok / "tokenizer_config.json").write_text(nested(DEEP))
+    before = hashes(tmp_path)
+    r = trainfit_cli("prepare", "--data", STDLIB_JSON / "__init__.py", "--tokenizer", tok, "--out", tmp_path / "p")
+    line = refused_in_one_line(r, tmp_path, before)
+    assert "tokenizer=" in line and "tokenizer_config.json" in line and "nested" in line, line

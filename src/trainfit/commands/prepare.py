@@ -13,6 +13,7 @@ import sys
 
 from trainfit.commands.flags import add_output_group
 from trainfit.front.prepare import prepare
+from trainfit.gate import listed
 from trainfit.outputs import dumps_json
 from trainfit.progress import info
 from trainfit.tasks.tokenizer import BYTE
@@ -41,7 +42,7 @@ def run(args) -> int:
                 text_errors=args.text_errors, force=args.force)
     if r.removed_stale:  # said after the job, so that a refusal stays one line
         print(f"trainfit: removed {len(r.removed_stale)} directory(ies) left by a prepare that was killed: "
-              f"{', '.join(r.removed_stale)}", file=sys.stderr)
+              f"{listed(r.removed_stale)}", file=sys.stderr)
     summary = {k: getattr(r, k) for k in JSON_KEYS}
     if args.json:
         print(dumps_json(summary))

@@ -13,14 +13,14 @@ the boundaries and the model learns where a document stops.
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trainfit.errors import ConfigError
+from trainfit.gate import RECORD, read_document
 
 BYTE = "byte"
 BYTE_EOD = 256
@@ -88,14 +88,20 @@ class TextTokenizer:
         return self.backend.decode(ids)
 
 
+CONFIG_LIMITS = replace(RECORD, max_int=10**40)
+"""Bounds of ``tokenizer_config.json``: the gate's RECORD bounds, with integers up to 10**40 (transformers writes
+``model_max_length: 1000000000000000019884624838656``, its int(1e30) for "no limit")."""
+
+
 def _eos_from_config(directory: Path) -> str | None:
+    """``tokenizer_config.json``'s ``eos_token``, read through the gate (RECORD bounds: a machine-written file,
+    thousands of added tokens in some); one it cannot read is refused in one line, never silently ignored (the
+    end-of-document id would change)."""
     path = directory / "tokenizer_config.json"
     if not path.is_file():
         return None
-    try:
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token")
-    except (OSError, ValueError, AttributeError):
-        return None
+    config = read_document(path, field="tokenizer", fmt="json", limits=CONFIG_LIMITS)
+    eos = config.get("eos_token") if isinstance(config, dict) else None
     if isinstance(eos, dict):  # {"content": "</s>", ...} in older files
         eos = eos.get("content")
     return eos if isinstance(eos, str) else None
