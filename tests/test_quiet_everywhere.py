@@ -121,7 +121,7 @@ def test_quiet_reaches_every_rank_of_train_devices_2(corpus):
             "--steps", "2", "--checkpoint-every", "0", "--data", str(corpus / "corpus-quiet.txt"), "--run-dir",
             str(corpus / "run-ranks")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=corpus)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=corpus, check=False)
     assert r.returncode == 0, r.stderr
     assert _said(r.stderr) == [], r.stderr
     assert json.loads(r.stdout)["steps"] == 2

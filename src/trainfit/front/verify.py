@@ -107,7 +107,10 @@ def verify_framework(config: RunConfig | None = None, *, framework: str, loss: s
 
     Raises:
         ConfigError: a bad field or combination, a tool not installed, a model the tool cannot train, a row
-            missing a field its head needs (one line).
+            missing a field its head needs; a fault in the user's own code -- a collator that raises or returns
+            rows the model cannot take (``field`` "collator"), a model whose forward raises ("model"), a
+            Trainer subclass whose compute_loss raises or returns no single differentiable number ("trainer")
+            -- each in one line naming the object.
     """
     if from_file and (user_args is not None or settings):
         raise ConfigError("from_file", from_file, "no user_args or settings with it", "give one or the other")

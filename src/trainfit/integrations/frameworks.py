@@ -537,7 +537,9 @@ def verify_framework(cfg: RunConfig, *, framework: str, loss: str = "default",
 
     Raises:
         ConfigError: unknown framework/loss, a tool not installed, micro_batch="auto", accumulation 1, a model
-            the tool cannot train (hf-trainer needs an hf: model with a head of ``HEADS``).
+            the tool cannot train (hf-trainer needs an hf: model with a head of ``HEADS``); the user's collator,
+            model or Trainer raising or returning what the next step cannot take (``hf_window.check_rows``,
+            ``hf_window.blamed``): one line naming which.
         TrainfitError: the model does not build the same initial weights twice.
     """
     _check_args(cfg.section("levers"), framework, loss)
