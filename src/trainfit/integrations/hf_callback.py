@@ -17,8 +17,10 @@ update uses, the gradient norm), ``on_optimizer_step`` (optimizer), ``on_step_en
 * grad_norm: of the gradients the optimizer steps with, before clipping. The Trainer clips before any hook, so
   a clipped step's pre-clip norm is the Trainer's own logged one where it logs that step, else null with
   ``grad_clipped: true``.
-* The callback computes nothing the training reads and draws no random numbers: a run with and without it
-  gives the same losses bit for bit. A resumed run appends to metrics.jsonl and measures again.
+* The callback computes nothing the training reads and draws no random numbers, and its measured step runs
+  each op as called (``measure.WatchingFlopCounter``: no op replaced by its decomposition): a run with and
+  without it ends with the same weights bit for bit, for any model family (Llama's SiLU included). A resumed
+  run appends to metrics.jsonl and measures again.
 
 The Trainer has no backward hook: ``backward_s`` is the rest of the window before the optimizer hook
 (it includes gradient clipping).

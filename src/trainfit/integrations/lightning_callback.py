@@ -15,8 +15,10 @@ zero_grad). With ``accumulate_grad_batches`` the window spans the batches up to 
 * lr: the rate this step's update uses; grad_norm: of the gradients the optimizer steps with (Lightning
   clips after ``on_before_optimizer_step``, so this is the pre-clip norm).
 * tokens: ``input_ids`` of dict and ``BatchEncoding`` batches, else the first integer matrix.
-* The callback computes nothing the training reads and draws no random numbers: a run with and without it
-  gives the same losses bit for bit. A resumed run appends to metrics.jsonl and measures again.
+* The callback computes nothing the training reads and draws no random numbers, and its measured step runs
+  each op as called (``measure.WatchingFlopCounter``: no op replaced by its decomposition): a run with and
+  without it ends with the same weights bit for bit, for any model family (Llama's SiLU included). A resumed
+  run appends to metrics.jsonl and measures again.
 """
 
 from __future__ import annotations
