@@ -160,17 +160,19 @@ def test_a_saved_model_of_each_family_is_accepted(family, tmp_path):
 
 
 def test_plan_refuses_what_train_refuses(llama_dir, tmp_path):
-    """Weights that do not match config.json (hidden_size edited): train and plan both exit 2 with one line,
-    the same one; before, plan built the model on the meta device from config.json alone and planned it."""
+    """Weights that do not match config.json (hidden_size edited): train, plan and verify --framework all exit 2
+    with one line, the same one; before, plan built the model on the meta device from config.json alone and planned
+    it, and verify --framework checked only that weight files existed."""
     d = edited(llama_dir, tmp_path / "wide", hidden_size=32)
     before = snapshot(tmp_path)
     lines = []
-    for command in (["train", "--steps", "1", "--seq-len", "8", "--run-dir", str(tmp_path / "run")], ["plan", *PLAN]):
+    for command in (["train", "--steps", "1", "--seq-len", "8", "--run-dir", str(tmp_path / "run")], ["plan", *PLAN],
+                    ["verify", "--framework", "hf-trainer", "--seq-len", "8", "--micro-batch", "2"]):
         r = cli([command[0], "--model", f"hf:{d}", *command[1:]])
         check_promise(r, tmp_path, before)
         assert r.rc == 2, (command[0], r.err[-2000:])
         lines.append(error_lines(r.err)[0])
-    assert lines[0] == lines[1] and "model.embed_tokens.weight is (64, 16) in the weights" in lines[0], lines
+    assert lines[0] == lines[1] == lines[2] and "model.embed_tokens.weight is (64, 16) in the weights" in lines[0], lines
 
 
 def test_a_config_json_past_the_gate_is_refused_in_one_line(llama_dir, tmp_path):

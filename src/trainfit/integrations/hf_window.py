@@ -38,9 +38,10 @@ from torch.nn import functional as F
 from trainfit.config import DataSection, LeversSection, ModelSection, RunConfig, RunSection
 from trainfit.data import global_indices
 from trainfit.errors import ConfigError, TrainfitError, shown
+from trainfit.gate import read_document
 from trainfit.run import task_of
 from trainfit.tasks.corpus import find_sources
-from trainfit.tasks.hf import parse_hf_config, pretrained_dir, quiet_progress, weight_files
+from trainfit.tasks.hf import check_pretrained, parse_hf_config, pretrained_dir, quiet_progress
 from trainfit.tasks.synthetic import IGNORE_INDEX
 
 HEADS = {"causal": "causal LM", "masked": "masked LM", "token": "token classification",
@@ -142,6 +143,7 @@ def _pretrained(tf, directory, model_config: str):
         raise ConfigError("model_config", model_config, "empty with hf:DIR", "a checkpoint's shape is fixed")
     if not (directory / "config.json").is_file():
         raise ConfigError("model", f"hf:{directory}", "a directory holding config.json (as written by save_pretrained)")
+    read_document(directory / "config.json", field="model", fmt="json")  # bounded before transformers reads it
     try:
         config = tf.AutoConfig.from_pretrained(str(directory), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - JSON errors, an unknown model_type: one line naming the file
@@ -151,7 +153,7 @@ def _pretrained(tf, directory, model_config: str):
     cls = getattr(tf, str(archs[0]), None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ConfigError("model", f"hf:{directory}", 'a config.json naming a transformers class in "architectures"')
-    weight_files(directory)  # missing or corrupt weights are refused before anything is built
+    check_pretrained(directory, cls, config)  # weights missing, corrupt or not of this config: refused before a build
     return cls, config
 
 
