@@ -3,7 +3,7 @@
 Before, a document with no whitespace (a base64 blob) was never cut (cuts were tried only at newlines and spaces),
 so a BPE tokenizer encoded it whole: about 300 bytes of memory per input byte (a 2 MB blob peaked at ~640 MB, a
 20 MB one at 4.9 GB). Now a long document is cut between two of the tokenizer's own pre-tokens (no merge crosses
-one), each cut tried against the tokenizer; a run it cannot cut past :data:`MAX_UNIT_CHARS` is refused in one line.
+one), each cut tried against the tokenizer; a run it cannot cut past :data:`MAX_UNIT_BYTES` is refused in one line.
 
 The property test: over random texts (letters, digits, punctuation, apostrophes, whitespace runs, non-ASCII, long
 runs of one character), fed in random pieces, the ids of the cut units joined equal the tokenizer's own encoding
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import base64
 import random
+import tempfile
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -125,7 +127,7 @@ def test_a_run_no_tokenizer_can_cut_is_refused_in_one_line_in_bounded_memory(tmp
     """One pre-token of 1.1 M letters: the old code encoded it whole (exit 0, ~280 MB); refused now, nothing left."""
     doc = tmp_path / "data" / "run.txt"
     doc.parent.mkdir()
-    doc.write_text("a" * (getattr(prepared, "MAX_UNIT_CHARS", 1 << 20) + 50_000))  # (getattr: also run on old code)
+    doc.write_text("a" * (getattr(prepared, "MAX_UNIT_BYTES", 1 << 20) + 50_000))  # (getattr: also run on old code)
     rc, peak, err = _peak_mb("--data", str(doc), "--tokenizer", str(bpe_dir), "--out", str(tmp_path / "p"))
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("trainfit: error: data=") and "split the" in err, err
@@ -168,3 +170,33 @@ def test_the_training_path_tokenizes_a_blob_in_bounded_memory_and_the_same_ids(t
     head = blob[: 3 * prepared.UNIT_CHARS + 99]  # several units
     ids = next(iter(prepared.tokenize_documents([head], tok)))[0]
     assert ids[:-1].tolist() == tok.backend.encode(head, add_special_tokens=False).ids and ids[-1] == tok.eod_id
+
+
+_NO_SPACE = st.characters(blacklist_categories=("Cs", "Zs", "Zl", "Zp", "Cc"))
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(alphabet=st.lists(_NO_SPACE, min_size=1, max_size=12, unique=True), seed=st.integers(0, 2**16))
+def test_any_whitespace_free_document_is_bounded_or_refused_in_one_line(tmp_path, bpe_dir, alphabet, seed):
+    """2 MB drawn from any small alphabet without whitespace (one letter: one pre-token; letters and digits: many;
+    non-ASCII too): prepare stays under MEMORY_PER_WORKER_MB, or refuses in one line leaving nothing, in bounded
+    time. The code before encoded each such document whole (~600 MB for 2 MB)."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    (root / "data").mkdir()
+    rng = random.Random(seed)
+    text = "".join(rng.choices(alphabet, k=2 * 10**6 // max(len(c.encode()) for c in alphabet)))
+    (root / "data" / "doc.txt").write_text(text)
+    t = time.monotonic()
+    rc, peak, err = _peak_mb("--data", str(root / "data" / "doc.txt"), "--tokenizer", str(bpe_dir), "--out",
+                             str(root / "p"))
+    took = time.monotonic() - t
+    print(f"alphabet {''.join(alphabet)!r}: exit {rc}, peak {peak:.0f} MB, {took:.1f} s")
+    assert peak < getattr(prepared, "MEMORY_PER_WORKER_MB", 400) and took < 300, (peak, took, err[-300:])
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("trainfit: error: data=") and "split the" in lines[0], err
+        assert sorted(p.name for p in root.iterdir()) == ["data"]
+    else:
+        assert rc == 0, err

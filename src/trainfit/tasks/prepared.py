@@ -67,13 +67,15 @@ CUT_TRIES = 16
 """Pre-token boundaries tried as cuts per unit (latest first) before looking further."""
 SCAN_CHARS = 4 * CUT_WINDOW
 """Characters before a unit's end searched for a pre-token boundary to cut at."""
-MAX_UNIT_CHARS = 1 << 20
-"""The most characters ever tokenized in one call (1 Mi): a document that its tokenizer cannot cut more finely
-(one pre-token of a million characters) is refused, so a worker's memory stays bounded whatever the document."""
+MAX_UNIT_BYTES = 1 << 20
+"""The most UTF-8 bytes ever tokenized in one call (1 MiB): text that its tokenizer cannot cut more finely (one
+pre-token of a million letters; a tokenizer with no pre-tokenizer) is refused past it, so a worker's memory stays
+bounded whatever the document. In bytes, not characters: a BPE's memory grows with the bytes (~210 per byte
+measured: 1,000,000 x 'a' peaked at 255 MB, 1,000,000 x U+00A1 at 491 MB)."""
 MEMORY_PER_WORKER_MB = 400
 """The stated bound on one prepare process's peak memory, whatever the document: start-up (~40 MB, ~75 MB with a
 BPE loaded), a unit of :data:`UNIT_CHARS` per CPU (~300 bytes per character under a BPE tokenizer: ~10 MB each),
-and at worst one uncut unit of :data:`MAX_UNIT_CHARS` (a 1,000,000-letter pre-token: 255 MB peak measured).
+and at worst one uncut unit of :data:`MAX_UNIT_BYTES` (~210 MB).
 Measured flat at 77-81 MB for whitespace-free documents of 1 to 200 MB under BPE, 39-40 MB under bytes
 (``benchmarks/results/prepare_memory_blob.md``; the code before: 1,090 MB for 4 MB)."""
 OFFSETS_PER_WRITE = 1 << 16
@@ -204,7 +206,7 @@ def _cut(tokenizer: TextTokenizer, text: str, start: int, end: int) -> int:
     letter/digit/punctuation change for byte-level BPE), each cut tried against the tokenizer (:func:`_alike`)
     before it is taken. One with no pre-tokenizer is never cut: its model merges across the whole text (spaces
     included), so no local test proves a cut exact (cuts after whitespace, tried over 128 characters either side,
-    changed the ids of such a BPE); its documents are bounded by :data:`MAX_UNIT_CHARS` instead."""
+    changed the ids of such a BPE); its documents are bounded by :data:`MAX_UNIT_BYTES` instead."""
     backend = tokenizer.backend
     if backend is None:
         return end
@@ -215,17 +217,20 @@ def _cut(tokenizer: TextTokenizer, text: str, start: int, end: int) -> int:
     return next((i for i in inside[:CUT_TRIES] if _alike(backend, text, i)), 0)
 
 
-def _too_long(tokenizer: TextTokenizer, held: int) -> ConfigError:
-    return ConfigError("data", f"a document with {held:,}+ characters in a row", "documents the tokenizer can cut "
-                       f"into parts of at most {MAX_UNIT_CHARS:,} characters (bounded memory)",
+def _too_long(tokenizer: TextTokenizer, held: str) -> ConfigError | None:
+    """The refusal of ``held``, text no cut was found in, when it is past :data:`MAX_UNIT_BYTES` (else None)."""
+    if len(held) * 4 <= MAX_UNIT_BYTES or len(held.encode("utf-8", "surrogatepass")) <= MAX_UNIT_BYTES:
+        return None
+    return ConfigError("data", f"a document with {len(held):,}+ characters in a row", "documents the tokenizer can "
+                       f"cut into parts of at most {MAX_UNIT_BYTES:,} UTF-8 bytes (bounded memory)",
                        f"tokenizer {tokenizer.name} gives no place in them where encoding apart equals encoding "
-                       "together (one pre-token, or no pre-tokenizer and no whitespace); split the document")
+                       "together (one pre-token that long, or no pre-tokenizer at all); split the document")
 
 
 def _units(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer) -> Iterator[tuple[str, bool]]:
     """``(text, ends_document)`` of at most about :data:`UNIT_CHARS` characters each, cut where tokenizing them
     apart gives the same ids as the whole document (a text with no such cut is held until one comes or the
-    document ends, up to :data:`MAX_UNIT_CHARS`: past that it is refused, never tokenized in unbounded memory)."""
+    document ends, up to :data:`MAX_UNIT_BYTES`: past that it is refused, never tokenized in unbounded memory)."""
     ahead = 0 if tokenizer.backend is None else CUT_WINDOW  # a cut needs the text after it
     carry, end = "", UNIT_CHARS
     for text, last in pieces:
@@ -237,8 +242,9 @@ def _units(pieces: Iterable[tuple[str, bool]], tokenizer: TextTokenizer) -> Iter
                 start, end = cut, cut + UNIT_CHARS
             else:
                 end += UNIT_CHARS  # no cut here: look further (a longer unit)
-        if len(buf) - start > MAX_UNIT_CHARS:
-            raise _too_long(tokenizer, len(buf) - start)
+        refused = _too_long(tokenizer, buf[start:]) if len(buf) - start > UNIT_CHARS else None
+        if refused:
+            raise refused
         if last:
             yield buf[start:], True
             end = UNIT_CHARS
