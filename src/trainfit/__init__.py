@@ -48,12 +48,22 @@ _SHADOWED = {"trainfit.plan": "plan", "trainfit.train": "train"}
 """Submodules whose name is also a front-door function's: their module object calls the function."""
 
 
+_FUNCTIONS = ("plan", "estimate_memory", "measure_memory", "profile", "verify", "verify_framework", "train",
+              "prepare")
+"""The front-door functions: each call is checked at the door and says nothing until its job is accepted."""
+
+
+def _front_door(name: str, fn):
+    """``fn`` checked at the door and quiet until its job is accepted (``trainfit.front.request.front_door``)."""
+    return importlib.import_module("trainfit.front.request").front_door(name, fn)
+
+
 class _FrontDoorModule(types.ModuleType):
     """A submodule (``trainfit.plan``, ``trainfit.train``) that is also its front-door function when called."""
 
     def __call__(self, *args, **kwargs):
         name = _SHADOWED[self.__name__]
-        return getattr(importlib.import_module(_HOMES[name]), name)(*args, **kwargs)
+        return _front_door(name, getattr(importlib.import_module(_HOMES[name]), name))(*args, **kwargs)
 
 
 class _Package(types.ModuleType):
@@ -74,6 +84,8 @@ def __getattr__(name: str):
     if f"{__name__}.{name}" in _SHADOWED:  # the submodule, bound callable by _Package.__setattr__
         return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module(home), name)
+    if name in _FUNCTIONS:
+        value = _front_door(name, value)
     globals()[name] = value
     return value
 

@@ -542,6 +542,20 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     Flat keys give one :class:`FlatConfigWarning` (one line) with their sectioned spelling -- except in the
     config.toml or launch*.toml trainfit wrote into its own run directory (an older run, resumed: not the
     user's file)."""
+    return read_toml(path)[0]
+
+
+def is_own_config(path: str | Path) -> bool:
+    """A config trainfit wrote for itself: a run directory's config.toml or launch*.toml (the directory carries
+    trainfit's marker), or the launch.toml a launcher hands its workers in its own temporary directory."""
+    p = Path(path)
+    return bool(_OWN_CONFIG.fullmatch(p.name)) and (owns(p.parent) or p.parent.name.startswith("trainfit-launch-"))
+
+
+def read_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`load_toml`'s flat keys, and where each was written (``"[levers] accumulation = 3 in job.toml"``):
+    the provenance a refusal of two values that disagree names. A config trainfit wrote for itself
+    (:func:`is_own_config`) is a record of resolved values, not the user's word: no provenance."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(path), "an existing TOML file")
@@ -551,9 +565,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     values = flatten(data, where=str(path))
     flat = not any(_is_table(k, v) for k, v in data.items())  # the spelling of earlier versions
     note = flat_spelling_note(values, where=str(path)) if flat else ""
-    if note and not (_OWN_CONFIG.fullmatch(p.name) and owns(p.parent)):
+    own = is_own_config(p)
+    if note and not own:
         warnings.warn(note, FlatConfigWarning, stacklevel=2)
-    return values
+    if own:
+        return values, {}
+    where = lambda k: "" if flat else f"[{SECTION_OF.get(ALIASES.get(k, k), '?')}] "  # noqa: E731
+    return values, {ALIASES.get(k, k): f"{where(k)}{k} = {shown(v, 40)} in {path}" for k, v in values.items()}
 
 
 def dump_toml(cfg: RunConfig, *, only_changed: bool = False) -> str:

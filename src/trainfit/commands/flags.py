@@ -9,13 +9,14 @@ imports the other (``cli`` registers the commands; a command never imports ``cli
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainfit.config import SECTIONS, load_toml, make_config
+from trainfit.config import SECTIONS, RunConfig, load_toml, make_config, read_toml
 from trainfit.errors import ConfigError, check_unique_keys
-from trainfit.gate import parse_int
 from trainfit.front.request import refuse_conflicts
+from trainfit.gate import parse_int
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
 from trainfit.progress import info
@@ -109,7 +110,7 @@ def add_run_flags(p: argparse.ArgumentParser, *, config_positional: bool = True,
     return groups
 
 
-def integer(field: str, *, minimum: int, maximum: int | None = None):
+def integer(field: str, *, minimum: int | None = None, maximum: int | None = None):
     """An option's ``type``: its text read by the one integer parser (``gate.parse_int``: ASCII digits, at most
     19 of them, within ``[minimum, maximum]``) -- argparse's ``int`` takes ``"١٢"`` and ``"1_000"`` -- refused
     naming ``field`` in one line."""
@@ -129,29 +130,50 @@ def add_output_group(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return p.add_argument_group("output")
 
 
-def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, **overrides: Any):
+def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, nodes: int = 1,
+                     ranks: int | None = None, sources: Mapping[str, str] | None = None, **overrides: Any):
     """TOML file (if any) < flags < explicit overrides -> a validated RunConfig.
 
     Without a TOML file, ``--run-dir`` of an existing run (trainfit's ``config.toml`` there) supplies the
     configuration, so ``memory``/``profile``/``verify`` pointed at a run measure that run; flags still
     override it, and stderr says which was used.
+
+    Each value the user wrote carries where it was written (a TOML key with its section and file, a flag, an
+    override's ``sources`` entry such as a ``--from`` key): a derived value that would replace one of them
+    (``accumulation`` from ``global_batch``) is refused naming both (``front.request.refuse_conflicts``), from
+    whichever sources they came. ``nodes``: the job's nodes (its ranks are devices x nodes); ``ranks``: its
+    ranks where the command counts them itself (``memory --devices``).
     """
-    values: dict[str, Any] = load_toml(args.config) if getattr(args, "config", None) else {}
+    values, written = read_toml(args.config) if getattr(args, "config", None) else ({}, {})
+    given: dict[str, str] = {}
     if from_run_dir and not values and getattr(args, "run_dir", None):
-        values = _run_dir_config(args)
+        values = _run_dir_config(args)  # trainfit's record of a run: resolved values, not the user's word
     for key in RUN_FLAGS:
         v = getattr(args, key, None)
         if v is not None:
             values[key] = v
+            given[key] = _as_typed(key, v)
     values.update(overrides)
+    given.update({k: (sources or {}).get(k) or f"{k}={_cut(v)}" for k, v in overrides.items()})
     cfg = make_config(values)
     check_unique_keys("model_config", cfg.model_config)  # the user's text (a preset's expansion may repeat keys)
-    given = {k for k in RUN_FLAGS if getattr(args, k, None) is not None}
-    refuse_conflicts(cfg, given=given)  # the front door's refusals (trainfit.front.request), said the same way
+    default = RunConfig()  # a file's key at its default value: dump_toml writes every one, so it counts as unsaid
+    given = {**{k: w for k, w in written.items() if getattr(cfg, k, None) != getattr(default, k, None)}, **given}
+    refuse_conflicts(cfg, given=given, nodes=nodes, ranks=ranks)  # the front door's refusals (trainfit.front.request)
     note = precision_alias_note(values.get("precision"))
     if note:  # accepted: another tool's spelling, echoed as trainfit's name
         info("config", note)
     return cfg
+
+
+def _as_typed(key: str, value: Any) -> str:
+    """A flag as the user typed it (``--global-batch 8``), its value cut as any echoed value is."""
+    return f"--{key.replace('_', '-')} {_cut(value)}"
+
+
+def _cut(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _run_dir_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args, integer
 from trainfit.commands.report import save_and_report
 from trainfit.config import MAX_COUNTS
-from trainfit.errors import ConfigError, check_int
+from trainfit.errors import ConfigError
 from trainfit.front import memory as front
+from trainfit.gate import check_write_target
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
 from trainfit.meters.devices import DEVICES
-from trainfit.gate import check_write_target
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.progress import info
 from trainfit.report.plots import plot_memory
@@ -52,10 +52,10 @@ def register(sub) -> None:
                                     "YAML or Lightning Trainer arguments (flags override it)")
     dist = groups["distribution"]
     dist.add_argument("--devices", "--world", dest="devices", default=None,
-                      type=integer("devices", minimum=1, maximum=MAX_COUNTS["devices"]),
+                      type=integer("devices"),  # its range: front.memory's check, said as the front door says it
                       help="with --estimate: devices (ranks) per node to spread --strategy over (per-rank bytes, no "
                            "processes launched)")
-    dist.add_argument("--nodes", type=integer("nodes", minimum=1, maximum=MAX_COUNTS["devices"]), default=None,
+    dist.add_argument("--nodes", type=integer("nodes"), default=None,
                       help="with --estimate: nodes of --devices each (default 1)")
     dist.add_argument("--device", dest="target", default="cpu",
                       help="with --estimate: the device whose kernels the trace follows (attention, dropout, "
@@ -93,9 +93,12 @@ def run(args) -> int:
     found, overridden, overrides = _from_file(args, overrides)
     args.devices = 1 if args.devices is None else args.devices
     nodes = 1 if args.nodes is None else args.nodes
-    cfg = config_from_args(args, **overrides)
-    check_int("devices", args.devices, minimum=1)
-    check_int("nodes", nodes, minimum=1)
+    sources = {k: f"{k} = {v} in {found.path} (--from)" for k, v in overrides.items()} if found else {}
+    if args.batch is not None:
+        sources["micro_batch"] = f"--batch {args.batch}"
+    cfg = config_from_args(args, ranks=args.devices * nodes if args.method == "estimate" else None, sources=sources,
+                           **overrides)
+    front.check_ranks(args.devices, nodes)
     budget = parse_bytes("budget", args.budget) if args.budget is not None else None
     if args.plot:  # every output path is checked before any work
         check_write_target("--plot", args.plot)  # a named pipe or device would block the write

@@ -105,8 +105,9 @@ def run_train(args) -> int:
     mode = _resume_mode(args)
     resume = mode
     if mode == AUTO:  # resolved first: a resumed run keeps its own configuration (a fresh one is said by front)
-        resume, _ = front.resolve_resume(AUTO, args.run_dir or config_from_args(args, from_run_dir=False).run_dir)
-    cfg = config_from_args(args, from_run_dir=resume,
+        run_dir = args.run_dir or config_from_args(args, from_run_dir=False, nodes=args.nodes).run_dir
+        resume, _ = front.resolve_resume(AUTO, run_dir)
+    cfg = config_from_args(args, from_run_dir=resume, nodes=args.nodes,
                            **({"devices": args.devices} if args.devices is not None else {}))
     summary = front.train(cfg, resume=resume or mode, nodes=args.nodes, max_restarts=args.max_restarts,
                           join_timeout_s=launch.JOIN_TIMEOUT_S if args.join_timeout is None else args.join_timeout,

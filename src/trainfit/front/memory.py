@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainfit.config import DistributionSection, RunConfig
+from trainfit.config import MAX_COUNTS, DistributionSection, RunConfig
 from trainfit.errors import ConfigError, check_int
 from trainfit.front.request import config_of
 from trainfit.meters.devices import device_row
@@ -47,8 +47,8 @@ def estimate_memory(config: RunConfig | None = None, *, devices: int = 1, nodes:
     Raises:
         ConfigError: a bad field, device count or budget (one line, as ``trainfit memory --estimate`` says it).
     """
-    cfg, budget_bytes = _request(config, fields, budget)
     world = _ranks(devices, nodes)
+    cfg, budget_bytes = _request(config, fields, budget, ranks=world)
     device_row(device)  # an unknown device is refused before any work
     step = _estimator(cfg.section("distribution"), world, device)
     return _with_scaling(cfg, step, ESTIMATE, budget_bytes, joined=None)
@@ -76,7 +76,7 @@ def compare_checkpointing(config: RunConfig | None = None, *, specs: str, method
     Raises:
         ConfigError: a bad or empty spec, before any work.
     """
-    cfg, _ = _request(config, fields, None)
+    cfg, _ = _request(config, fields, None, ranks=_ranks(devices, nodes) if method == ESTIMATE else None)
     if method == ESTIMATE:
         device_row(device)
         step = _estimator(cfg.section("distribution"), _ranks(devices, nodes), device)
@@ -95,16 +95,23 @@ def compare_checkpointing(config: RunConfig | None = None, *, specs: str, method
     return rows
 
 
-def _request(config, fields: dict, budget) -> tuple[RunConfig, int | None]:
-    cfg = config_of(config, fields)
+def _request(config, fields: dict, budget, ranks: int | None = None) -> tuple[RunConfig, int | None]:
+    cfg = config_of(config, fields, ranks=ranks)
     return cfg, (parse_bytes("budget", budget) if budget is not None else None)
 
 
 def _ranks(devices: int, nodes: int) -> int:
     """Ranks of the estimate: ``devices`` per node x ``nodes`` (as torchrun and Lightning count them)."""
-    check_int("devices", devices, minimum=1)
-    check_int("nodes", nodes, minimum=1)
+    check_ranks(devices, nodes)
     return devices * nodes
+
+
+def check_ranks(devices: object, nodes: object) -> None:
+    """``devices`` per node and ``nodes`` of an estimate: each an integer from 1 to the bound of a config's
+    devices (``config.MAX_COUNTS``); the command line refuses its flags here too, in the same words."""
+    top = MAX_COUNTS["devices"]
+    check_int("devices", devices, minimum=1, maximum=top, fix=f"at most {top:,}: more than one run can use (a typo?)")
+    check_int("nodes", nodes, minimum=1, maximum=top, fix=f"at most {top:,}: more than one run can use (a typo?)")
 
 
 def _estimator(dist: DistributionSection, world: int, device: str) -> Callable[..., MemoryReport]:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
+import trainfit.logs as logs
 from trainfit.config import RunConfig, make_config
 from trainfit.errors import ConfigError
 from trainfit.front.plan_request import (
@@ -63,7 +64,6 @@ from trainfit.plan.search import (
 from trainfit.plan.shapes import PlannedModel, TransformerShape, parse_model_config, plan_model, run_spec
 from trainfit.plan.trainable import trainable
 from trainfit.presets import GPT_PRESETS
-from trainfit.progress import logger, say
 from trainfit.probes.fastbasis import (
     TRACED_AS,
     basis_provider,
@@ -75,6 +75,7 @@ from trainfit.probes.fastbasis import (
     read_record,
     write_record,
 )
+from trainfit.progress import logger, say
 from trainfit.results import PlanReport, PlanRow
 from trainfit.tasks.spec import DataSpec, check_model_fits
 from trainfit.vocabulary import (
@@ -324,6 +325,7 @@ def plan(request: PlanRequest | None = None, /, **fields: Any) -> PlanReport:
     r = _Run(req=req, row=req.row)
     _space(r)
     _job(r)
+    logs.accept()  # the request, the model and the data are checked: what was held (the front door's) is said
     _choose_basis(r)
     _price_links(r)
     result = _search(r)
