@@ -14,9 +14,9 @@ import os
 import sys
 import warnings
 
-from trainfit.commands.flags import EXIT_USAGE, RUN_FLAGS, add_run_flags, config_from_args  # noqa: F401 -- re-exported
 import trainfit.progress as progress
-from trainfit.errors import ConfigError, TrainfitError, one_line, shown
+from trainfit.commands.flags import EXIT_USAGE, RUN_FLAGS, add_run_flags, config_from_args  # noqa: F401 -- re-exported
+from trainfit.errors import ConfigError, TrainfitError, one_line
 from trainfit.logs import held_until_accepted
 
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")

@@ -24,9 +24,9 @@ from trainfit.front.plan import (
     run_config,
     subsets,
 )
+from trainfit.gate import check_write_target
 from trainfit.integrations.export_plan import TOOLS, check_write_for
 from trainfit.meters.devices import DEVICES
-from trainfit.gate import check_write_target
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.presets import MODEL_HELP
 from trainfit.progress import info
