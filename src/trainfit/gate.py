@@ -206,26 +206,29 @@ def nesting_hint(text: str, fmt: str) -> int:
 
 
 def check_value(value: Any, limits: Limits) -> str:
-    """Why ``value`` (parsed) is past ``limits``, or ``""``. Walks iteratively and stops at the first bound
-    crossed, so a YAML alias bomb (a few hundred bytes naming the same list a billion times) costs little."""
-    items, stack = 0, [(value, 1)]
+    """Why ``value`` (parsed) is past ``limits``, or ``""``; an integer's key path is named (``levers.seq_len``).
+    Walks iteratively and stops at the first bound crossed, so a YAML alias bomb (a few hundred bytes naming
+    the same list a billion times) costs little."""
+    items, stack = 0, [(value, 1, "")]
     while stack:
-        node, depth = stack.pop()
+        node, depth, where = stack.pop()
         if isinstance(node, dict):
-            children = list(node.keys()) + list(node.values())
             items += len(node)
+            children = [(v, f"{where}.{k}" if where else str(k)) for k, v in node.items()]
         elif isinstance(node, (list, tuple)):
-            children = list(node)
             items += len(node)
+            children = [(v, f"{where}[{i}]") for i, v in enumerate(node)]
         else:
             if isinstance(node, int) and not isinstance(node, bool) and abs(node) > limits.max_int:
-                return f"an integer of {len(str(abs(node))) if abs(node) < 10**4000 else 'thousands of'} digits"
+                what = (str(node) if abs(node) < 10**40 else f"an integer of "
+                        f"{len(str(abs(node))) if abs(node) < 10**4000 else 'thousands of'} digits")
+                return f"key {shown(where, 80)} holds {what}" if where else what
             continue
         if depth > limits.max_depth:
             return f"nested more than {limits.max_depth} levels"
         if items > limits.max_items:
             return f"more than {limits.max_items:,} keys and items"
-        stack.extend((c, depth + 1) for c in children)
+        stack.extend((c, depth + 1, w) for c, w in children)
     return ""
 
 
@@ -302,6 +305,9 @@ def check_write_target(field: str, path: str | Path) -> Path:
         info = os.stat(p)
     except FileNotFoundError:
         return p
+    except NotADirectoryError:
+        raise ConfigError(field, str(path), "a path in an existing directory",
+                          f"its parent {_parent_file(p)} is a file, not a directory") from None
     except OSError as e:
         raise ConfigError(field, str(path), "a path trainfit can write a file to", e.strerror or type(e).__name__)
     if not stat.S_ISREG(info.st_mode):
@@ -309,6 +315,14 @@ def check_write_target(field: str, path: str | Path) -> Path:
                 else "a device or socket")
         raise ConfigError(field, str(path), "a new file or an existing regular file", f"it is {kind}")
     return p
+
+
+def _parent_file(p: Path) -> str:
+    """The first ancestor of ``p`` that is a file (what makes ``p`` unreachable), for the message."""
+    for parent in reversed(p.parents):
+        if parent.is_file():
+            return shown(str(parent), 120)
+    return shown(str(p.parent), 120)
 
 
 def max_processes() -> int:
