@@ -93,6 +93,25 @@ def parse_int(field: str, text: object, *, minimum: int | None = None, maximum: 
     return value
 
 
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", flags=re.ASCII)
+
+
+def parse_scalar(field: str, text: str) -> int | float | bool | str:
+    """A ``key=value`` spec's value (``--model-config n_layer=2,dropout=0.1,bias=false``): an ASCII integer through
+    :func:`parse_int`, an ASCII decimal as a finite float, ``true``/``false`` as a bool, anything else as the text
+    itself -- so ``n_layer=١٢`` stays text (and the key's type check refuses it), not 12, and 5,000 digits are
+    refused naming ``field`` instead of becoming ``inf``."""
+    s = text.strip()
+    if _INT.fullmatch(s):
+        return parse_int(field, s)
+    if _FLOAT.fullmatch(s):
+        value = float(s)
+        if value in (float("inf"), float("-inf")):
+            raise ConfigError(field, text, "a finite number", "it overflows a float")
+        return value
+    return {"true": True, "false": False}.get(s.lower(), text)
+
+
 def _int_words(minimum: int | None, maximum: int | None) -> str:
     if minimum is not None and maximum is not None:
         return f"an integer in [{minimum}, {maximum:,}]"

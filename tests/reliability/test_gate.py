@@ -204,3 +204,30 @@ def test_train_refuses_any_unbounded_config_in_one_line_and_touches_nothing(text
     assert r.rc == 2, (r.rc, r.err[-500:])
     check_promise(r, work, before)
     check_one_line(r)
+
+
+_NOT_ASCII_INT = st.one_of(
+    st.text(st.characters(categories=["Nd", "No"], exclude_characters=string.digits), min_size=1, max_size=8),
+    st.builds(lambda n: "9" * n, st.integers(MAX_INT_TEXT_DIGITS + 1, 5000)),
+    st.builds(lambda n: "1e" + "9" * n, st.integers(3, 40)),
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_NOT_ASCII_INT, command=st.sampled_from(["train", "plan", "memory"]))
+def test_a_model_config_number_goes_through_the_one_parser_in_every_command(text, command, tmp_path):
+    """``--model-config n_layer=١٢`` was 12 to ``int()`` and 5,000 digits became ``inf`` to ``float()``; a plan of
+    that spec failed on its text as a file name. Now: one line naming ``model_config.n_layer``, nothing written."""
+    work = tmp_path / "w"
+    work.mkdir(exist_ok=True)
+    args = {"train": ["train", "--steps", "1", "--run-dir", str(work / "run")],
+            "plan": ["plan", "--device", "cpu", "--device-memory", "1GiB", "--global-batch", "2", "--top", "1"],
+            "memory": ["memory", "--estimate"]}[command]
+    before = snapshot(work)
+    r = cli([*args, "--model", "gpt-tiny", "--seq-len", "16", "--model-config", f"n_layer={text},d_model=32,n_head=2"],
+            cwd=work)
+    assert r.rc == 2, (command, text[:40], r.err[-300:])
+    check_promise(r, work, before)
+    check_one_line(r)
+    assert "model_config.n_layer" in r.err, r.err[:300]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfit.errors import ConfigError, check_int
-from trainfit.gate import read_document
+from trainfit.gate import parse_scalar, read_document
 from trainfit.presets import GPT_PRESETS, GPTConfig, check_kv_heads, resolve_model
 
 
@@ -176,17 +176,8 @@ def parse_model_config(text: str, *, json_first: bool = False) -> dict[str, obje
         k, eq, v = (s.strip() for s in part.partition("="))
         if not eq or not k:
             raise ConfigError("model_config", part, "key=value pairs separated by commas")
-        out[k] = _value(v)
+        out[k] = parse_scalar(f"model_config.{k}", v)  # the one parser, as train's (tasks.builtin)
     return out
-
-
-def _value(v: str) -> object:
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            continue
-    return {"true": True, "false": False}.get(v.lower(), v)
 
 
 def _read_json(name: str) -> dict[str, object]:

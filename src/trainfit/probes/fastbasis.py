@@ -82,7 +82,10 @@ def _file_stamps(model: ModelSection, data: DataSection) -> list:
     out = []
     for name in names:
         p = Path(name) if name else None
-        if p is None or not p.exists():
+        try:
+            if p is None or not p.exists():
+                continue
+        except OSError:  # not a path at all (a key=value spec longer than a file name may be): nothing to stamp
             continue
         files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
         out.extend((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files[:200])

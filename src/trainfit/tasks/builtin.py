@@ -8,6 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from trainfit.errors import ConfigError
+from trainfit.gate import parse_scalar
 from trainfit.presets import GPT_PRESETS, CNNConfig, GPTConfig
 from trainfit.tasks.base import GenericTask
 from trainfit.tasks.cnn import SmallCNN
@@ -27,20 +28,13 @@ BUILTIN_MODELS = (*GPT_PRESETS, "cnn")
 
 
 def parse_overrides(text: str) -> dict[str, object]:
-    """``key=value,key=value`` -> dict with ints/floats/bools parsed."""
+    """``key=value,key=value`` -> dict with ints/floats/bools parsed (:func:`trainfit.gate.parse_scalar`)."""
     out: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
             raise ConfigError("model_config", part, "key=value pairs separated by commas")
         k, v = (s.strip() for s in part.split("=", 1))
-        for conv in (int, float):
-            try:
-                out[k] = conv(v)
-                break
-            except ValueError:
-                continue
-        else:
-            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+        out[k] = parse_scalar(f"model_config.{k}", v)  # the one parser: ASCII numbers only, bounded
     return out
 
 
