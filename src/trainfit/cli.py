@@ -22,7 +22,7 @@ from trainfit.logs import held_until_accepted
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")
 """Subcommand modules under trainfit.commands, in help order."""
 
-HELD = ("train", "memory", "verify", "profile")
+HELD = ("train", "memory", "verify", "profile", "plan", "prepare")
 """Commands whose stderr is held until the job is accepted (``logs.accept``): a refusal prints one line, not
 the data, tokenizer and progress lines that came before it."""
 

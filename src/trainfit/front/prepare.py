@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from trainfit import logs
 from trainfit.errors import ConfigError, check_choice
 from trainfit.outputs import check_output_dir, check_path_text
 from trainfit.progress import bars_enabled
@@ -50,6 +51,7 @@ def prepare(*, data: str, out: str, tokenizer: str = BYTE, text_field: str = "te
     tok = load_tokenizer(check_path_text("tokenizer", tokenizer))
     sources = find_sources(data)
     check_text_field(sources, text_field)  # on text files it would be ignored
+    logs.accept()  # every option and path is checked: what was held prints, the bar and notes write through
     removed = clean_stale(where)  # accepted: a killed prepare's marked temporary directory is garbage now
     pieces = read_pieces(sources, text_field=text_field, text_errors=text_errors)
     side = write_prepared(where, pieces=pieces, tokenizer=tok, sources=sources, text_field=text_field, data=data,
