@@ -41,7 +41,9 @@ STATE_KEYS = ("step", "model", "optimizer", "precision", "rng", "data")
 
 
 def _argv(run_dir: Path, steps: int, resume: bool, extra: list[str]) -> list[str]:
-    argv = ["train", *TINY, *extra, "--steps", str(steps), "--checkpoint-every", "1", "--run-dir", str(run_dir)]
+    given = {a for a in extra if a.startswith("--")}  # each flag once (trainfit refuses a repeat): extra wins
+    tiny = [x for i, x in enumerate(TINY) if not ({x, TINY[i - 1] if i else ""} & given)]
+    argv = ["train", *tiny, *extra, "--steps", str(steps), "--checkpoint-every", "1", "--run-dir", str(run_dir)]
     return argv + (["--resume"] if resume else [])
 
 

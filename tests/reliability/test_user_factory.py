@@ -34,7 +34,8 @@ def test_model_factory_is_imported_only_when_named(tmp_path, monkeypatch, capsys
     # Mentioned everywhere except as the model: never imported.
     cfg.write_text(f'run_dir = "{tmp_path}/{name}:make"\n')
     assert cli_main(["train", str(cfg), *TINY_FLAGS, "--steps", "1"]) == 0
-    assert cli_main(["train", *TINY_FLAGS, "--steps", "1", "--run-dir", str(tmp_path / "x"),
+    no_model_config = [f for i, f in enumerate(TINY_FLAGS) if "--model-config" not in (f, TINY_FLAGS[i - 1])]
+    assert cli_main(["train", *no_model_config, "--steps", "1", "--run-dir", str(tmp_path / "x"),
                      "--model-config", f"{name}:make"]) == 2  # an invalid model_config, not an import
     assert not marker.exists() and name not in sys.modules
     # Named: imported, and trained.
