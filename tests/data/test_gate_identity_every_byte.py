@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from unittest import mock
 
@@ -52,11 +53,16 @@ def cli(*args: str) -> tuple[int, str, float]:
     identity._CACHE.clear()
     err = io.StringIO()
     t = time.monotonic()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            rc = main(["train", *args])
-        except SystemExit as e:
-            rc = e.code
+    tracemalloc.start()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                rc = main(["train", *args])
+            except SystemExit as e:
+                rc = e.code
+    finally:
+        cli.peak_bytes = tracemalloc.get_traced_memory()[1]  # the last call's peak Python allocation
+        tracemalloc.stop()
     return int(rc or 0), err.getvalue(), time.monotonic() - t
 
 
@@ -105,6 +111,7 @@ def _refused(trained: dict, run: Path, naming: str) -> str:
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("trainfit: error: checkpoint "), err
     assert naming in lines[0], lines[0]
     assert snapshot(run) == before and took < REFUSAL_S, took
+    assert cli.peak_bytes < 256 * 2**20, cli.peak_bytes  # bounded whatever the edit (imports included)
     return lines[0]
 
 

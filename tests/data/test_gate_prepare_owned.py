@@ -73,14 +73,14 @@ def test_names_beside_out_are_never_touched(names, files, marker, as_file):
             if marker is not None:
                 (d / MARKER).write_bytes(marker)
         before = tree(root)
-        t = time.monotonic()
-        r = cli(["prepare", "--data", str(DOC), "--out", str(root / "out")])
-        took = time.monotonic() - t
+        r = cli(["prepare", "--data", str(DOC), "--out", str(root / "out")], traced=True)
+        took = r.seconds
         assert r.rc == 0 and "removed" not in r.err, r.err
         after = tree(root)
         assert {k: v for k, v in after.items() if k != "out" and not k.startswith("out/")} == before
         assert sorted(p.name for p in (root / "out").iterdir()) == ["documents.bin", "prepared.json", "tokens.bin"]
         assert took < 10, took
+        assert r.peak_bytes < 256 * 2**20, r.peak_bytes  # a small prepare, bounded whatever lies beside --out
 
 
 def _prepare(*args: str, doc: Path, out: Path, tokenizer: Path) -> subprocess.Popen:

@@ -12,6 +12,8 @@ import hashlib
 import io
 import json
 import os
+import time
+import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +26,19 @@ class Result:
     rc: int
     out: str
     err: str
+    seconds: float = 0.0
+    peak_bytes: int = 0
+    """Python's peak traced allocation during the command (``traced=True``; 0 otherwise)."""
 
 
-def cli(args: list[str], cwd: Path | None = None) -> Result:
-    """``trainfit ARGS`` in this process (an uncaught exception propagates: that is a traceback)."""
+def cli(args: list[str], cwd: Path | None = None, *, traced: bool = False) -> Result:
+    """``trainfit ARGS`` in this process (an uncaught exception propagates: that is a traceback). ``traced``: also
+    measure its wall time and peak Python allocation (tracemalloc; the property tests bound both)."""
     out, err = io.StringIO(), io.StringIO()
     before = os.getcwd()
+    if traced:
+        tracemalloc.start()
+    start = time.perf_counter()
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -40,7 +49,11 @@ def cli(args: list[str], cwd: Path | None = None) -> Result:
                 rc = e.code if isinstance(e.code, int) else 2
     finally:
         os.chdir(before)
-    return Result(rc=int(rc or 0), out=out.getvalue(), err=err.getvalue())
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1] if traced else 0
+        if traced:
+            tracemalloc.stop()
+    return Result(rc=int(rc or 0), out=out.getvalue(), err=err.getvalue(), seconds=seconds, peak_bytes=peak)
 
 
 def snapshot(root: Path) -> dict[str, str]:

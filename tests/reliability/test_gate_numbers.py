@@ -67,6 +67,7 @@ def _refused_in_one_line(r, field: str, seconds: float) -> None:
     assert r.rc == 2 and len(lines) == 1 and r.out == "", (r.rc, r.err[:500])
     assert field in lines[0] and len(lines[0]) < 1300, lines[0][:300]
     assert seconds < 5, f"{seconds:.1f} s"
+    assert r.peak_bytes < 64 * 2**20, f"{r.peak_bytes / 2**20:.0f} MiB traced"  # refused before any real work
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,7 +77,7 @@ def test_train_count_flags_refuse_any_bad_digit_string(tmp_path_factory, case, d
     text = data.draw(bad_text(MAX_COUNTS[field]))
     tmp = tmp_path_factory.mktemp("n")
     t0 = time.perf_counter()
-    r = cli(["train", f"{case}={text}", "--run-dir", str(tmp / "run")], cwd=tmp)
+    r = cli(["train", f"{case}={text}", "--run-dir", str(tmp / "run")], cwd=tmp, traced=True)
     _refused_in_one_line(r, field, time.perf_counter() - t0)
     assert snapshot(tmp) == {}  # nothing written
 
@@ -90,7 +91,7 @@ def test_memory_profile_and_plan_count_flags_refuse_any_bad_digit_string(tmp_pat
     tmp = tmp_path_factory.mktemp("n")
     base = PLAN_BASE + ([] if flag == "--global-batch" else ["--global-batch", "8"]) if command == "plan" else []
     t0 = time.perf_counter()
-    r = cli([command, *base, f"{flag}={text}"], cwd=tmp)
+    r = cli([command, *base, f"{flag}={text}"], cwd=tmp, traced=True)
     _refused_in_one_line(r, field, time.perf_counter() - t0)
     assert snapshot(tmp) == {}
 
@@ -106,7 +107,7 @@ def test_a_config_key_refuses_any_bad_digit_string(tmp_path_factory, field, data
     (tmp / "job.toml").write_text(f"[{SECTION_OF[field]}]\n{field} = {value}\n")
     before = snapshot(tmp)
     t0 = time.perf_counter()
-    r = cli(["train", "job.toml", "--run-dir", str(tmp / "run")], cwd=tmp)
+    r = cli(["train", "job.toml", "--run-dir", str(tmp / "run")], cwd=tmp, traced=True)
     past_toml = value == text and abs(int(text)) >= 2**63  # the gate refuses the document, naming the file
     _refused_in_one_line(r, "job.toml" if past_toml else field, time.perf_counter() - t0)
     assert snapshot(tmp) == before

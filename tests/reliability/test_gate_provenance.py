@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.reliability.cli_harness import cli
+from tests.reliability.cli_harness import cli, snapshot
 from trainfit.cli import build_parser
 from trainfit.commands.flags import config_from_args
 from trainfit.config import SECTION_OF, RunConfig
@@ -102,10 +102,12 @@ def test_every_source_combination_on_the_command_line(tmp_path_factory, job):
     with pytest.raises(ConfigError) as e:
         config_from_args(args, from_run_dir=False)
     assert all(label in str(e.value) for label in refused), (refused, str(e.value))
-    r = cli([*argv, "--run-dir", str(tmp / "run")], cwd=tmp)  # the command: one line, exit 2, nothing made
+    before = snapshot(tmp)
+    r = cli([*argv, "--run-dir", str(tmp / "run")], cwd=tmp, traced=True)  # the command: one line, exit 2, nothing made
     lines = r.err.strip().splitlines()
     assert r.rc == 2 and len(lines) == 1 and lines[0] == f"trainfit: error: {e.value}", r.err
-    assert not (tmp / "run").exists()
+    assert not (tmp / "run").exists() and snapshot(tmp) == before  # the user's files unchanged (hashed)
+    assert r.seconds < 10 and r.peak_bytes < 64 * 2**20, (r.seconds, r.peak_bytes)  # refused before any real work
 
 
 @settings(max_examples=100, deadline=None)
