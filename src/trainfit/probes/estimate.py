@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from trainfit.config import LeversSection, RunConfig
 from trainfit.errors import ConfigError
 from trainfit.meters.attention import hf_attention_note, target_kernels
+from trainfit.meters.experts import grouped_mm_fake_kernel
 from trainfit.meters.flops import flop_counter
 from trainfit.meters.tracker import MemoryTracker, ScalarStubs
 from trainfit.probes.memory import (
@@ -191,7 +192,8 @@ def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
         task = task_of(cfg)
         batch = example_batch(task, cfg.micro_batch)  # small real tensors (token ids / images)
     n = next((t.shape[0] for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()), 1)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), contextlib.ExitStack() as branches:
+    with grouped_mm_fake_kernel(), FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), \
+            contextlib.ExitStack() as branches:
         with ScalarStubs():  # .item() answered; nothing counted
             run = build_run(cfg)  # some inits read values (e.g. trunc_normal_ bounds)
             fake_trace = getattr(run.task, "fake_trace", None)
@@ -483,8 +485,8 @@ def _trace_windows(cfg: RunConfig, batches: tuple[int, int], unit: int, target: 
     sizes (every gradient live): the four reports a basis is fitted from."""
     task = task_of(cfg)
     real = [example_batch(task, b) for b in batches]
-    with target_kernels(target) as kernels, FakeTensorMode(allow_non_fake_inputs=True) as mode, \
-            _fake_swappable(mode), contextlib.ExitStack() as branches:
+    with target_kernels(target) as kernels, grouped_mm_fake_kernel(), FakeTensorMode(allow_non_fake_inputs=True) \
+            as mode, _fake_swappable(mode), contextlib.ExitStack() as branches:
         with ScalarStubs():  # .item() answered; nothing counted
             run = build_run(cfg)
             fake_trace = getattr(run.task, "fake_trace", None)
