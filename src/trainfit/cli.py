@@ -1,6 +1,8 @@
 """The ``trainfit`` command: parse flags/TOML into a RunConfig, call one library function.
 
-Each subcommand lives in ``trainfit.commands.<name>`` and exposes ``register(subparsers)``.
+Each subcommand's flags live in ``trainfit.commands.parsers.<name>`` (``register(subparsers)``: light modules only,
+so ``--help`` answers at once); its work in ``trainfit.commands.<name>`` (``run(args)``), imported by
+:func:`run_command` only when the command runs.
 Every user error prints one line ``trainfit: error: ...`` on stderr and exits 2.
 ``--json`` prints exactly one JSON object on stdout; progress and logs go to stderr.
 """
@@ -15,12 +17,14 @@ import sys
 import warnings
 
 import trainfit.progress as progress
+from trainfit import __version__
 from trainfit.commands.flags import EXIT_USAGE, RUN_FLAGS, add_run_flags, config_from_args  # noqa: F401 -- re-exported
 from trainfit.errors import ConfigError, TrainfitError, one_line
 from trainfit.logs import held_until_accepted
 
 COMMANDS = ("train", "memory", "verify", "plan", "report", "profile", "prepare")
-"""Subcommand modules under trainfit.commands, in help order."""
+"""The subcommands, in help order: each has its parser in trainfit.commands.parsers and its run in
+trainfit.commands."""
 
 HELD = ("train", "memory", "verify", "profile", "plan", "prepare")
 """Commands whose stderr is held until the job is accepted (``logs.accept``): a refusal prints one line, not
@@ -93,7 +97,7 @@ first hour:
   trainfit memory --precision bf16-mixed  what fills memory in one step: parameters, gradients, optimizer, activations
   trainfit profile                        where each step's time goes, and what to change first
   trainfit verify --accumulation 4        check a configuration against the fp32 big-batch reference
-  trainfit plan --model llama-7b --global-batch 512 --seq 4096 --device-memory 80GiB --devices 64
+  trainfit plan --model llama-7b --global-batch 512 --seq 4096 --device-memory 80GiB --devices 8 --nodes 8
                                           choose precision, micro-batch, checkpointing and strategy before running
   trainfit report RUN_DIR                 one HTML page of what a run directory holds
 
@@ -172,16 +176,23 @@ def _add_verbosity_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every subcommand, or of ``only`` (one of COMMANDS): each command module imports what
-    its command runs, so registering one spares the others' imports (seconds on a small machine)."""
+    """The parser of every subcommand, or of ``only`` (one of COMMANDS). The parsers import light modules only
+    (the vocabulary, the config's facts): torch, numpy and the front door wait for :func:`run_command`."""
     parser = Parser(prog="trainfit", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"trainfit {__version__}")
     _add_verbosity_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS if only not in COMMANDS else (only,):
-        importlib.import_module(f"trainfit.commands.{name}").register(sub)
+        importlib.import_module(f"trainfit.commands.parsers.{name}").register(sub)
     for command_parser in sub.choices.values():
         _add_verbosity_flags(command_parser)
     return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command: its module (``trainfit.commands.<name>``, which imports what the command runs)
+    is imported now, once its flags have parsed, not to print help or refuse a flag."""
+    return int(importlib.import_module(f"trainfit.commands.{args.command}").run(args) or 0)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
@@ -207,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # progress lines are written to the stderr of their moment: a held one holds them too
         with progress.to_stderr(level), _verbosity_env(given), \
                 held_until_accepted(dropped_on=refused) if args.command in HELD else contextlib.nullcontext():
-            return int(args.func(args) or 0)
+            return run_command(args)
     except TrainfitError as e:
         return fail(str(e))
     except OSError as e:  # the environment, not a bug: a full disk, no permission, a missing directory

@@ -3,7 +3,9 @@
 Every command that runs a step (train, memory, profile, verify) registers these flags and reads them back with
 :func:`config_from_args`: TOML file < flags < explicit overrides, then the refusals of flags that disagree or
 would be ignored. Its own module below ``cli`` and the command modules, so that both import it and neither
-imports the other (``cli`` registers the commands; a command never imports ``cli``).
+imports the other (``cli`` registers the commands; a command never imports ``cli``). It imports only light
+modules at load (the parsers of ``trainfit.commands.parsers`` use it to print ``--help`` at once); the front
+door's refusals are imported when a config is made.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 
 from trainfit.config import SECTIONS, RunConfig, load_toml, make_config, read_toml
 from trainfit.errors import ConfigError, check_unique_keys
-from trainfit.front.request import refuse_conflicts
 from trainfit.gate import parse_int
 from trainfit.outputs import owns
 from trainfit.presets import MODEL_HELP
@@ -159,7 +160,10 @@ def config_from_args(args: argparse.Namespace, *, from_run_dir: bool = True, nod
     check_unique_keys("model_config", cfg.model_config)  # the user's text (a preset's expansion may repeat keys)
     default = RunConfig()  # a file's key at its default value: dump_toml writes every one, so it counts as unsaid
     given = {**{k: w for k, w in written.items() if getattr(cfg, k, None) != getattr(default, k, None)}, **given}
-    refuse_conflicts(cfg, given=given, nodes=nodes, ranks=ranks)  # the front door's refusals (trainfit.front.request)
+    # lazy: the front door imports numpy; the parsers import this module, and --help must not pay for it
+    from trainfit.front.request import refuse_conflicts
+
+    refuse_conflicts(cfg, given=given, nodes=nodes, ranks=ranks)  # the front door's refusals
     note = precision_alias_note(values.get("precision"))
     if note:  # accepted: another tool's spelling, echoed as trainfit's name
         info("config", note)

@@ -10,14 +10,12 @@ module turns flags and TOML into their arguments and prints the report (a table,
 
 from __future__ import annotations
 
-from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args, integer
+from trainfit.commands.flags import config_from_args
 from trainfit.commands.report import save_and_report
-from trainfit.config import MAX_COUNTS
 from trainfit.errors import ConfigError
 from trainfit.front import memory as front
 from trainfit.gate import check_write_target
 from trainfit.integrations.read_config import RUN_KEYS, file_values, read_from
-from trainfit.meters.devices import DEVICES
 from trainfit.outputs import check_output_file, check_run_dir, dumps_json
 from trainfit.progress import info
 from trainfit.report.plots import plot_memory
@@ -30,48 +28,8 @@ JSON_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_byte
              "peak_bytes", "peak_phase", "activations_per_sample_bytes")
 """Keys --json always prints (plus max_micro_batch with --budget, and the full report)."""
 
-UNUSED = ("steps", "lr", "schedule", "warmup_steps", "min_lr", "weight_decay", "checkpoint_every",
-          "checkpoint_minutes", "save_every", "eval_every", "eval_batches", "log")
-"""Run flags one step's memory does not depend on (not listed by ``--help``; a TOML file may still carry them)."""
 SCALING_KEYS = ("activations_per_sample_bytes", "scaling", "per_rank", "budget_bytes", "max_micro_batch")
 """What the front door adds to the report's ``extra`` (printed by --json, not stored in memory.json)."""
-
-
-def register(sub) -> None:
-    p = sub.add_parser("memory", help="what fills memory in one step: parameters, gradients, optimizer, activations")
-    groups = add_run_flags(p, leave_out=UNUSED)
-    groups["levers"].add_argument("--batch", type=integer("batch", minimum=1, maximum=MAX_COUNTS["micro_batch"]),
-                                  help="samples per micro-batch (same as --micro-batch)")
-    how = groups["run"].add_mutually_exclusive_group()
-    how.add_argument("--measure", dest="method", action="store_const", const="measure",
-                     help="run two real steps and measure the second (default)")
-    how.add_argument("--estimate", dest="method", action="store_const", const="estimate",
-                     help="trace the step under fake tensors: nothing is allocated (for models too big here)")
-    groups["run"].add_argument("--from", dest="from_file", metavar="FILE",
-                               help="read the job from a transformers TrainingArguments JSON, an accelerate config "
-                                    "YAML or Lightning Trainer arguments (flags override it)")
-    dist = groups["distribution"]
-    dist.add_argument("--devices", "--world", dest="devices", default=None,
-                      type=integer("devices"),  # its range: front.memory's check, said as the front door says it
-                      help="with --estimate: devices (ranks) per node to spread --strategy over (per-rank bytes, no "
-                           "processes launched)")
-    dist.add_argument("--nodes", type=integer("nodes"), default=None,
-                      help="with --estimate: nodes of --devices each (default 1)")
-    dist.add_argument("--device", dest="target", default="cpu",
-                      help="with --estimate: the device whose kernels the trace follows (attention, dropout, "
-                           "autocast, optimizer as they run there): " + ", ".join(DEVICES) +
-                           " (default cpu: this machine's)")
-    dist.add_argument("--budget", help="device memory to fit, e.g. 24GiB: prints the largest micro-batch that fits")
-    groups["levers"].add_argument("--compare-checkpointing", metavar="SPECS",
-                   help="one row per checkpointing policy, side by side: saved (activation) bytes, peak and "
-                        "recompute FLOPs, e.g. none,selective,full,budget:0.5,every:2")
-    out = add_output_group(p)
-    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    out.add_argument("--plot", metavar="FILE.png", help="write a stacked bar per phase")
-    out.add_argument("--report", action="store_true",
-                     help="also save RUN_DIR/memory.json and write RUN_DIR/report.html")
-    out.add_argument("--force", action="store_true", help="replace an existing --plot file")
-    p.set_defaults(func=run, method="measure")
 
 
 def _from_file(args, overrides: dict):

@@ -11,30 +11,13 @@ from __future__ import annotations
 
 import sys
 
-from trainfit.commands.flags import add_output_group
 from trainfit.front.prepare import prepare
 from trainfit.gate import listed
 from trainfit.outputs import dumps_json
 from trainfit.progress import info
-from trainfit.tasks.tokenizer import BYTE
 
 JSON_KEYS = ("out", "n_documents", "n_tokens", "skipped_documents", "vocab_size", "eod_id", "dtype", "tokenizer")
 """Keys --json prints."""
-
-
-def register(sub) -> None:
-    p = sub.add_parser("prepare", help="tokenize data once into DIR/tokens.bin for fast loading (train --data DIR)")
-    data = p.add_argument_group("data")
-    data.add_argument("--data", required=True,
-                      help="text file, directory or glob of text files, .jsonl, .parquet, .csv")
-    data.add_argument("--tokenizer", default=BYTE, help="byte (default) or a directory holding tokenizer.json")
-    data.add_argument("--text-field", default="text", help="JSON Lines field / Parquet or CSV column (default text)")
-    data.add_argument("--text-errors", default="strict", help="bytes that are not UTF-8: strict (refuse) or replace")
-    out = add_output_group(p)
-    out.add_argument("--out", required=True, help="the directory to write (new or empty unless --force)")
-    out.add_argument("--force", action="store_true", help="write into an existing non-empty --out")
-    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

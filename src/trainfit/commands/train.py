@@ -11,11 +11,11 @@ turns flags into its arguments and prints the summary.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import trainfit.gate as gate
-from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
+from trainfit.commands.flags import config_from_args
+from trainfit.commands.parsers.train import MUST
 from trainfit.commands.report import run_report
 from trainfit.errors import ConfigError
 from trainfit.front import train as front
@@ -23,37 +23,8 @@ from trainfit.outputs import dumps_json
 from trainfit.results import TrainSummary
 from trainfit.strategies import launch
 
-MUST, AUTO = "must", front.AUTO
-"""``--resume`` (there must be a checkpoint) and ``--resume auto`` (resume when there is one)."""
-
-
-def register(sub) -> None:
-    p = sub.add_parser("train", help="train (the embedded default when given nothing)")
-    groups = add_run_flags(p)
-    run = groups["run"]
-    run.add_argument("--resume", nargs="?", const=MUST, default=None, metavar="auto",
-                     help="continue from the newest checkpoint in --run-dir (it must hold one); --resume auto: "
-                          "continue if it holds one, else start fresh")
-    dist = groups["distribution"]
-    dist.add_argument("--devices", "--nproc", dest="devices",
-                      help="launch N processes (one per device) on this node with torch.distributed.run "
-                           "(at most what this machine runs: 4 per CPU core, DataLoader workers included)")
-    dist.add_argument("--nodes", default=1,
-                      help="nodes of the job (default 1); run the same command on each, with --node-rank")
-    dist.add_argument("--node-rank", help="with --nodes: this node's rank (0 hosts rank 0)")
-    dist.add_argument("--master-addr", help="with --nodes: the address of node 0, reachable from every node "
-                                            "(default 127.0.0.1)")
-    dist.add_argument("--master-port", help="with --nodes: a free port on node 0 (default 29500)")
-    dist.add_argument("--join-timeout", metavar="SECONDS",
-                      help=f"with --nodes: how long this node waits for the others (default "
-                           f"{launch.JOIN_TIMEOUT_S:g}), then stops")
-    dist.add_argument("--max-restarts", default=0,
-                      help="with --devices: restart all workers up to N times after a failure (they resume)")
-    out = add_output_group(p)
-    out.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
-    out.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html (trainfit report)")
-    out.add_argument("--summary-out", help=argparse.SUPPRESS)  # a launched worker's summary, for its launcher
-    p.set_defaults(func=run_train)
+AUTO = front.AUTO
+"""``--resume auto`` (resume when there is one); ``--resume`` alone is the parser's MUST (a checkpoint must exist)."""
 
 
 LAUNCH_COUNTS = {"devices": ("devices", 1), "nodes": ("nodes", 1), "node_rank": ("node_rank", 0),
@@ -100,7 +71,7 @@ def multi_node(args) -> dict:
     return {**NODE_DEFAULTS, **given}
 
 
-def run_train(args) -> int:
+def run(args) -> int:
     read_launch_counts(args)
     mode = _resume_mode(args)
     resume = mode

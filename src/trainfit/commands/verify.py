@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from trainfit.commands.flags import add_output_group, add_run_flags, config_from_args
+from trainfit.commands.flags import config_from_args
 from trainfit.commands.report import save_and_report
 from trainfit.errors import ConfigError
 from trainfit.front.verify import read_from_file, verify, verify_framework
-from trainfit.integrations.frameworks import FRAMEWORKS, LOSSES, FrameworkVerifyReport
+from trainfit.integrations.frameworks import FrameworkVerifyReport
 from trainfit.integrations.read_config import RUN_KEYS
 from trainfit.outputs import check_run_dir, dumps_json
 from trainfit.probes.verify import NOISE_MARGIN
@@ -17,43 +17,6 @@ from trainfit.results import VerifyReport
 
 EXIT_FAILED = 1
 """Exit status when the check ran and failed (2 stays for bad input)."""
-UNUSED = ("checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "save_every", "eval_every", "eval_batches",
-          "log")
-"""Run flags one verified step does not read (it writes no checkpoint, export, evaluation or log)."""
-
-
-def register(sub) -> None:
-    p = sub.add_parser("verify", help="check one step of the configured levers against the fp32 reference")
-    groups = add_run_flags(p, leave_out=UNUSED)
-    groups["model"].add_argument(
-        "--trainer", metavar="MODULE:CALLABLE", default="",
-        help="with --framework hf-trainer: your transformers.Trainer subclass (its own compute_loss), run in place "
-             "of the Trainer")
-    groups["data"].add_argument(
-        "--collator", metavar="MODULE:CALLABLE", default="",
-        help="with --framework hf-trainer: your data collator, its class or a function of tokenizer returning one "
-             "(e.g. transformers:DataCollatorWithPadding); each row goes through it once, seeded, so every run sees "
-             "the same masks")
-    fw = p.add_argument_group("framework")
-    fw.add_argument("--framework", choices=FRAMEWORKS, default=None,
-                    help="run THAT tool's own optimizer step with accumulation and without, on micro-batches with "
-                         "uneven target counts: reports its accumulation error (exit 1) apart from its normalisation "
-                         "difference to the fp32 token mean (hf-trainer: --model hf:DIR or hf:<Class>, any head; "
-                         "--data rows with text and label(s))")
-    fw.add_argument("--framework-loss", choices=LOSSES, default="default",
-                    help="with --framework accelerate|lightning: the loop's loss, the micro-batch mean (default) or "
-                         "token-weighted (sum / the window's token count, the fix)")
-    fw.add_argument("--from", dest="from_file", metavar="FILE",
-                    help="the job from a transformers TrainingArguments JSON, an accelerate config YAML or Lightning "
-                         "Trainer arguments (flags override it); with --framework hf-trainer the Trainer runs with "
-                         "those TrainingArguments")
-    out = add_output_group(p)
-    out.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    out.add_argument("--report", action="store_true",
-                     help="also save RUN_DIR/verify.json and write RUN_DIR/report.html")
-    p.set_defaults(func=run)
-
-
 def format_report(r: VerifyReport) -> str:
     tol = r.tolerance
     lines = [
