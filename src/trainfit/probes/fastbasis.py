@@ -30,13 +30,14 @@ import importlib.metadata
 import json
 import multiprocessing
 import os
+import pickle
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainfit.config import DataSection, ModelSection, RunConfig, make_config
-from trainfit.errors import ConfigError
+from trainfit.errors import ConfigError, TrainfitError, one_line
 from trainfit.meters.devices import DeviceRow, calibrate_cpu, find_device
 from trainfit.plan import comm
 from trainfit.plan.basis import BASIS_BATCHES, analytic_basis, basis_from_reports
@@ -242,7 +243,33 @@ def _traced(args: tuple) -> dict:
 
     base_cfg, precision, checkpointing, target = args
     torch.set_num_threads(1)
-    return dataclasses.asdict(fast_basis(base_cfg, precision, checkpointing, target=target))
+    try:
+        return {"basis": dataclasses.asdict(fast_basis(base_cfg, precision, checkpointing, target=target))}
+    except TrainfitError as e:  # a refusal: sent back as plain values (ConfigError does not unpickle)
+        return {"refused": _plain_error(e)}
+    except Exception as e:  # noqa: BLE001 - anything else: named in one line in the parent, never a dead pool
+        return {"failed": f"{type(e).__name__}: {one_line(str(e), 400)}"}
+
+
+def _plain_error(e: TrainfitError) -> tuple[type, str, dict]:
+    """(class, message, attributes) of a refusal, its attributes kept where they pickle (a user's value may not):
+    a ConfigError pickles but cannot unpickle (its __init__ takes four arguments), which broke the worker pool."""
+    attrs = {}
+    for k, v in vars(e).items():
+        try:
+            pickle.dumps(v)
+            attrs[k] = v
+        except Exception:  # noqa: BLE001 - whatever pickling raises, the value is shown instead
+            attrs[k] = repr(v)[:200]
+    return type(e), str(e), attrs
+
+
+def _raise_refusal(cls: type, message: str, attrs: dict) -> None:
+    """Raise in the parent the refusal a worker met: the same class and one-line message."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(attrs)
+    raise err
 
 
 def prefetch(base_cfg: RunConfig, pairs, *, target: str = "cpu", workers: int | None = None,
@@ -338,8 +365,24 @@ def _trace_forked(base_cfg: RunConfig, missing: list, out: dict, *, target: str,
         started = {pool.submit(_traced, (base_cfg, *pair, target)): pair for pair in missing}
         for done in concurrent.futures.as_completed(started):  # said as each worker finishes one
             pair = started[done]
-            out[pair] = Basis(**done.result())
+            out[pair] = Basis(**_worker_result(done, base_cfg, pair))
             _said_traced(pairs_done, pair, t0)
+
+
+def _worker_result(done: concurrent.futures.Future, base_cfg: RunConfig, pair: tuple[str, str]) -> dict:
+    """The basis a worker traced, or its failure as one line naming the model and the pair (a refusal keeps its
+    class); a worker that died (killed, out of memory) is named too, never a BrokenProcessPool traceback."""
+    what = f"tracing the basis of {base_cfg.model} ({pair[0]}, checkpointing {pair[1]}) in a worker process"
+    try:
+        got = done.result()
+    except concurrent.futures.process.BrokenProcessPool:
+        raise TrainfitError(f"plan: {what} ended abruptly (killed, or out of host memory?); "
+                            "pass --precisions and --checkpointings to trace fewer pairs at once") from None
+    if "refused" in got:
+        _raise_refusal(*got["refused"])
+    if "failed" in got:
+        raise TrainfitError(f"plan: {what} failed: {got['failed']}")
+    return got["basis"]
 
 
 def _with_aliases(traced: dict, wanted: list) -> dict:
