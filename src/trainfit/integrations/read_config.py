@@ -11,8 +11,10 @@ Three formats, told apart by their keys (not the file name):
 
 The core is pure: a mapping in, a :class:`FromConfig` out (RunConfig values, what was read, what was
 ignored). Only the settings that change the memory of a step or the job's shape are read; every other key
-is listed as ignored, so nothing is dropped silently. A value trainfit cannot represent (CPU offload, fp8,
-hybrid sharding) is refused naming the key, the value and what is allowed, never approximated.
+is listed as ignored, so nothing is dropped silently. Each tool's offload (FSDP's CPU offload, DeepSpeed's
+``offload_optimizer`` / ``offload_param``) becomes trainfit's ``offload`` lever under the file's sharding stage,
+checked by the lever's own rules (``levers/offload_rules.py``). A value trainfit cannot represent (NVMe
+offload, fp8, hybrid sharding) is refused naming the key, the value and what is allowed, never approximated.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import trainfit.gate as gate
+from trainfit import gate
 from trainfit.errors import SHOWN_CHARS, ConfigError
-from trainfit.vocabulary import strategy_facts
+from trainfit.levers.offload_rules import offload_as_run, plan_offload
+from trainfit.vocabulary import OffloadPart, strategy_facts
 
 Tool = Literal["transformers", "accelerate", "lightning"]
 
@@ -72,8 +75,22 @@ HF_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf
                  "adam": "adam", "sgd": "sgd"}
 LIGHTNING_STRATEGIES = {"ddp": "ddp", "ddp_spawn": "ddp", "ddp_fork": "ddp", "ddp_find_unused_parameters_true": "ddp",
                         "ddp_notebook": "ddp", "single_device": "single", "fsdp": "zero3",
-                        "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2", "deepspeed_stage_3": "zero3"}
-"""Lightning strategy names -> trainfit strategy ("fsdp" is FSDPStrategy's default FULL_SHARD)."""
+                        "deepspeed": "zero2", "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",
+                        "deepspeed_stage_3": "zero3"}
+"""Lightning strategy names -> trainfit strategy ("fsdp" is FSDPStrategy's default FULL_SHARD, "deepspeed"
+DeepSpeedStrategy's default stage 2)."""
+
+LIGHTNING_OFFLOAD_STRATEGIES = {
+    "fsdp_cpu_offload": ("fsdp", "FULL_SHARD", None),
+    "deepspeed_stage_2_offload": ("deepspeed", 2, ("cpu", "none")),
+    "deepspeed_stage_3_offload": ("deepspeed", 3, ("cpu", "cpu")),
+    "deepspeed_stage_3_offload_nvme": ("deepspeed", 3, ("nvme", "nvme")),
+}
+"""Lightning's registered offload strategies (``StrategyRegistry``): FSDPStrategy(cpu_offload=True), or
+DeepSpeedStrategy's stage and (optimizer, parameter) offload devices."""
+
+OFFLOAD_DEVICES = ("none", "cpu")
+"""DeepSpeed offload devices trainfit models (``nvme`` is DeepSpeed's third: refused, trainfit has no disk tier)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,16 +286,97 @@ class _Reader:
         return out
 
 
-def _deepspeed(r: _Reader, stage_key: str, stage: Any, offload: Mapping[str, Any]) -> None:
-    """A DeepSpeed ZeRO stage -> strategy; CPU/NVMe offload is refused (trainfit keeps every state on device)."""
+# -- offload: each tool's switches onto trainfit's lever --------------------------------------------------------
+
+
+def _fsdp_offload(r: _Reader, key: str, value: Any, on: bool) -> None:
+    """FSDP's CPU offload switch (``key``, ``value`` as written) under the file's FSDP stage (``r.values``'s
+    strategy, set before): FSDP2's CPUOffloadPolicy, trainfit's ``optimizer`` under zero2 and
+    ``optimizer,params`` under zero3 (:func:`~trainfit.levers.offload_rules.offload_as_run`)."""
+    if not on:
+        return
+    strategy = r.values.get("strategy")
+    run = offload_as_run(OffloadPart.OPTIMIZER, strategy) if strategy_facts(strategy).fsdp else None
+    if run is None:
+        r.refuse(key, value, "false under NO_SHARD", "trainfit models FSDP's CPU offload under FULL_SHARD (zero3: "
+                 "offload optimizer,params) and SHARD_GRAD_OP (zero2: optimizer); NO_SHARD's moves whole parameters "
+                 "to the host between uses, which trainfit's ddp does not do")
+    r.set("offload", run)
+
+
+def _offload_device(r: _Reader, key: str, value: Any) -> bool:
+    """A DeepSpeed offload device as written: ``cpu`` -> True, ``none`` or absent -> False; ``nvme`` (or any other
+    text) refused naming the key."""
+    if value in (None, False) or str(value).lower() == "none":
+        return False
+    if value == "cpu":
+        return True
+    r.refuse(key, value, OFFLOAD_DEVICES, "trainfit models offload to host memory; NVMe (ZeRO-Infinity) is not "
+             "modeled" if str(value).lower() == "nvme" else "DeepSpeed's offload devices are none, cpu and nvme")
+    raise AssertionError  # refuse raises
+
+
+def _deepspeed(r: _Reader, stage_key: str, stage: Any, optimizer: tuple[str, Any], param: tuple[str, Any]) -> None:
+    """A DeepSpeed ZeRO stage and its offload devices (each ``(key, value as written)``) -> strategy and offload:
+    ZeRO-Offload of the optimizer under stage 2 is trainfit's zero2 + ``optimizer``; stage 3 with both the optimizer
+    and the parameters on the host is zero3 + ``optimizer,params``. Anything else with an offload is refused."""
     n = r.int_of(stage_key, stage, minimum=0)
     if n not in DEEPSPEED_STAGES:
         r.refuse(stage_key, stage, "0, 1, 2 or 3")
-    for key, device in offload.items():
-        if device not in (None, "none", "None", False):
-            r.refuse(key, device, "none", "trainfit keeps parameters and optimizer state on the device; "
-                                          "no offload to model")
-    r.set("strategy", DEEPSPEED_STAGES[n])
+    strategy = DEEPSPEED_STAGES[n]
+    r.set("strategy", strategy)
+    keys = {OffloadPart.OPTIMIZER: optimizer, OffloadPart.PARAMS: param}
+    parts = {part for part, (key, value) in keys.items() if _offload_device(r, key, value)}
+    if not parts:
+        return
+    _check_deepspeed_offload(r, n, parts, keys)
+    spec = ",".join(sorted(parts))
+    plan_offload(spec, strategy)  # trainfit's own rule agrees with the checks above (raises where they missed)
+    r.set("offload", spec)
+
+
+def _check_deepspeed_offload(r: _Reader, stage: int, parts: set, keys: Mapping[OffloadPart, tuple[str, Any]]) -> None:
+    """Refuse, naming the file's key, an offload the lever cannot run under ``stage``'s strategy."""
+    s = strategy_facts(DEEPSPEED_STAGES[stage])
+    (opt_key, opt), (par_key, par) = keys[OffloadPart.OPTIMIZER], keys[OffloadPart.PARAMS]
+    if stage == 0:
+        key, value = (opt_key, opt) if OffloadPart.OPTIMIZER in parts else (par_key, par)
+        r.refuse(key, value, "none under ZeRO stage 0", "DeepSpeed offloads only with ZeRO (stage 1, 2 or 3)")
+    if OffloadPart.PARAMS in parts and OffloadPart.PARAMS not in s.offload_parts:
+        r.refuse(par_key, par, f"none under ZeRO stage {stage}", "parameters are offloaded under stage 3 only "
+                 "(trainfit's zero3, together with the optimizer)")
+    if OffloadPart.OPTIMIZER in parts and OffloadPart.OPTIMIZER not in s.offload_parts:
+        r.refuse(opt_key, opt, f"none under ZeRO stage {stage}", f"trainfit's {s.name} keeps the optimizer on the "
+                 f"device ({s.offload_refusal}); stage 2 with the same offload is modeled")
+    if OffloadPart.PARAMS in s.offload_parts and len(parts) == 1:
+        (key, value), other = ((par_key, par), opt_key) if OffloadPart.PARAMS in parts else ((opt_key, opt), par_key)
+        r.refuse(key, value, f"cpu only together with {other}: cpu under ZeRO stage {stage}, else none",
+                 "trainfit's zero3 offload is FSDP2's CPUOffloadPolicy, which keeps the sharded parameters, their "
+                 "gradients and the optimizer state on the host together")
+
+
+def _deepspeed_config(r: _Reader, key: str, ds: Any) -> None:
+    """A DeepSpeed JSON config (a mapping, read at ``key``): its ZeRO stage and offload sections. DeepSpeed's
+    deprecated ``cpu_offload`` switches are refused (their current form is read), and a partial optimizer
+    offload (``ratio`` below 1) too."""
+    zero = ds.get("zero_optimization") or {}
+    if not isinstance(zero, Mapping):
+        r.refuse(f"{key}.zero_optimization", zero, "a mapping with stage and offload_optimizer / offload_param")
+    for old in ("cpu_offload", "cpu_offload_param"):
+        if zero.get(old) not in (None, False):
+            r.refuse(f"{key}.zero_optimization.{old}", zero[old], "false", "DeepSpeed's deprecated switch: write "
+                     "offload_optimizer / offload_param with device: cpu")
+    sections = {}
+    for name in ("offload_optimizer", "offload_param"):
+        sections[name] = zero.get(name) or {}
+        if not isinstance(sections[name], Mapping):
+            r.refuse(f"{key}.zero_optimization.{name}", sections[name], "a mapping with device: none, cpu or nvme")
+    ratio = sections["offload_optimizer"].get("ratio", 1)
+    if ratio != 1 and sections["offload_optimizer"].get("device") not in (None, "none"):
+        r.refuse(f"{key}.zero_optimization.offload_optimizer.ratio", ratio, "1 (the whole optimizer state)",
+                 "trainfit models the whole optimizer state on the host, not a share of it")
+    _deepspeed(r, f"{key}.zero_optimization.stage", zero.get("stage", 0),
+               *((f"{key}.zero_optimization.{name}.device", sections[name].get("device")) for name in sections))
 
 
 def _read_transformers(r: _Reader) -> None:
@@ -301,53 +399,75 @@ def _read_transformers(r: _Reader) -> None:
         if str(opt) not in HF_OPTIMIZERS:
             r.refuse("optim", opt, tuple(HF_OPTIMIZERS), "trainfit models torch AdamW/Adam/SGD state only")
         r.set("optimizer", HF_OPTIMIZERS[str(opt)])
+    _hf_fsdp(r)
+    _hf_deepspeed(r)
+
+
+def _hf_fsdp(r: _Reader) -> None:
+    """TrainingArguments' FSDP as the Trainer reads it (``_process_fsdp_args``): nothing unless ``fsdp`` is set;
+    ``fsdp_config`` keys with or without their ``fsdp_`` prefix; the legacy words of ``fsdp`` ("full_shard
+    offload") only where ``fsdp_config`` does not set the same thing (the Trainer's ``setdefault``)."""
     fsdp = r.get("fsdp")
-    if isinstance(fsdp, bool):  # transformers 5: fsdp=true, the sharding in fsdp_config.reshard_after_forward
-        words = []
-        if fsdp:
-            reshard = r.get("fsdp_config.reshard_after_forward", True)
-            r.set("strategy", "zero3" if r.flag("fsdp_config.reshard_after_forward", reshard) else "zero2")
+    if not fsdp:
+        return
+    words = [] if fsdp is True else fsdp.split() if isinstance(fsdp, str) else [str(w) for w in fsdp] \
+        if isinstance(fsdp, list) else r.refuse("fsdp", fsdp, "true/false, or a string or list such as 'full_shard "
+                                                "auto_wrap'")
+    modes = [w for w in words if w not in ("auto_wrap", "offload")]
+    if len(modes) > 1 or (modes and modes[0].upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")):
+        r.refuse("fsdp", fsdp, "full_shard, shard_grad_op or no_shard (with auto_wrap, offload)")
+    key = _hf_fsdp_key(r, "reshard_after_forward")
+    if (reshard := r.get(key)) is not None:  # the Trainer's setdefault: the config's own key wins over a word
+        r.set("strategy", FSDP_SHARDING.get(str(reshard).upper()) or ("zero3" if r.flag(key, reshard) else "zero2"))
     else:
-        words = (fsdp.split() if isinstance(fsdp, str) else [str(w) for w in fsdp] if isinstance(fsdp, list)
-                 else r.refuse("fsdp", fsdp, "true/false, or a string or list such as 'full_shard auto_wrap'")
-                 if fsdp else [])
-    for key in ("fsdp_config.cpu_offload", "fsdp_config.offload_params"):
-        if (off := r.get(key)) not in (None, False, "false"):
-            r.refuse(key, off, "false", "trainfit keeps parameters on the device; no offload to model")
-    modes = [w for w in words if w != "auto_wrap"]
-    if "offload" in modes:
-        r.refuse("fsdp", fsdp, "full_shard, shard_grad_op or no_shard (with auto_wrap)",
-                 "trainfit keeps parameters on the device; no offload to model")
-    if modes:
-        if len(modes) != 1 or modes[0].upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
-            r.refuse("fsdp", fsdp, "full_shard, shard_grad_op or no_shard (with auto_wrap)")
-        r.set("strategy", FSDP_SHARDING[modes[0].upper()])
-    if (ck2 := r.get("fsdp_config.activation_checkpointing")) is not None and r.flag(
-            "fsdp_config.activation_checkpointing", ck2):
+        r.set("strategy", FSDP_SHARDING[modes[0].upper()] if modes else "zero3")  # default: reshard after forward
+    key = _hf_fsdp_key(r, "cpu_offload")
+    if (off := r.get(key)) is None:
+        _fsdp_offload(r, "fsdp", fsdp, "offload" in words)
+    elif not isinstance(off, bool):  # the Trainer tests it for truth: the text "false" would offload
+        r.refuse(key, off, "true or false (a JSON boolean)")
+    else:
+        _fsdp_offload(r, key, off, off)
+    ck = _hf_fsdp_key(r, "activation_checkpointing")
+    if (on := r.get(ck)) is not None and r.flag(ck, on):
         r.set("checkpointing", "full")
+    config = r.data.get("fsdp_config")
+    for name in ("offload_params", "fsdp_offload_params"):
+        if isinstance(config, Mapping) and name in config:
+            r.notes.append(f"the Trainer does not read fsdp_config.{name} (its switch is fsdp_config.cpu_offload or "
+                           "the word offload in fsdp): not read, as the Trainer runs it")
+
+
+def _hf_fsdp_key(r: _Reader, name: str) -> str:
+    """The dotted key the Trainer reads for ``fsdp_config[name]``: it strips an ``fsdp_`` prefix, so
+    ``fsdp_cpu_offload`` is ``cpu_offload`` (and replaces it where both are given)."""
+    config = r.data.get("fsdp_config")
+    prefixed = isinstance(config, Mapping) and f"fsdp_{name}" in config
+    return f"fsdp_config.fsdp_{name}" if prefixed else f"fsdp_config.{name}"
+
+
+def _hf_deepspeed(r: _Reader) -> None:
+    """TrainingArguments' ``deepspeed``: a DeepSpeed config as a mapping or the path of its JSON."""
     ds = r.get("deepspeed")
     if isinstance(ds, str) and ds:
         ds = _deepspeed_file(r, ds)
     if isinstance(ds, Mapping) and ds:
         if "strategy" in r.values:
             r.refuse("deepspeed", "set", "fsdp or deepspeed, not both")
-        zero = ds.get("zero_optimization") or {}
-        offload = {f"deepspeed.zero_optimization.{k}.device": (zero.get(k) or {}).get("device")
-                   for k in ("offload_optimizer", "offload_param")}
-        _deepspeed(r, "deepspeed.zero_optimization.stage", zero.get("stage", 0), offload)
+        _deepspeed_config(r, "deepspeed", ds)
     elif ds:
         r.refuse("deepspeed", ds, "a DeepSpeed config: a JSON file path or a mapping")
 
 
-def _deepspeed_file(r: _Reader, name: str) -> Mapping[str, Any]:
-    """The DeepSpeed JSON a TrainingArguments file names (relative to that file, then to the working directory)."""
-    for p in (Path(r.path).parent / name, Path(name)):
+def _deepspeed_file(r: _Reader, name: Any, key: str = "deepspeed") -> Mapping[str, Any]:
+    """The DeepSpeed JSON a file names at ``key`` (relative to that file, then to the working directory)."""
+    for p in (Path(r.path).parent / str(name), Path(str(name))):
         if p.is_file():  # read as the --from file itself is: bounded, a key given twice refused
-            data = gate.read_document(p, field=f"{r.path}: deepspeed", fmt="json", limits=gate.CONFIG)
+            data = gate.read_document(p, field=f"{r.path}: {key}", fmt="json", limits=gate.CONFIG)
             if isinstance(data, dict):
                 return data
             break
-    r.refuse("deepspeed", name, "the path of a readable DeepSpeed JSON config (relative to the file or here)")
+    r.refuse(key, name, "the path of a readable DeepSpeed JSON config (relative to the file or here)")
     raise AssertionError
 
 
@@ -368,9 +488,6 @@ def _read_accelerate(r: _Reader) -> None:
     elif kind in ("MULTI_GPU", "MULTI_CPU"):
         r.set("strategy", "ddp")
     elif kind == "FSDP":
-        if (off := r.get("fsdp_config.fsdp_offload_params")) is not None and r.flag("fsdp_config.fsdp_offload_params",
-                                                                                    off):
-            r.refuse("fsdp_config.fsdp_offload_params", off, "false", "trainfit keeps parameters on the device")
         reshard, sharding = r.get("fsdp_config.fsdp_reshard_after_forward"), r.get("fsdp_config.fsdp_sharding_strategy")
         if isinstance(reshard, str) and reshard.lower() not in ("true", "false"):  # FSDP1 configs put the name here
             sharding, reshard = reshard, None
@@ -382,16 +499,28 @@ def _read_accelerate(r: _Reader) -> None:
             r.set("strategy", FSDP_SHARDING[str(sharding).upper()])
         else:
             r.set("strategy", "zero3")  # accelerate's default: FULL_SHARD / reshard after forward
+        if (off := r.get("fsdp_config.fsdp_offload_params")) is not None:
+            _fsdp_offload(r, "fsdp_config.fsdp_offload_params", off, r.flag("fsdp_config.fsdp_offload_params", off))
         if (ck := r.get("fsdp_config.fsdp_activation_checkpointing")) is not None:
             r.set("checkpointing", "full" if r.flag("fsdp_config.fsdp_activation_checkpointing", ck) else "none")
     elif kind == "DEEPSPEED":
         if (acc := r.get("deepspeed_config.gradient_accumulation_steps")) is not None and acc != "auto":
             r.set("accumulation", r.int_of("deepspeed_config.gradient_accumulation_steps", acc))
-        offload = {f"deepspeed_config.{k}": r.get(f"deepspeed_config.{k}")
-                   for k in ("offload_optimizer_device", "offload_param_device")}
-        _deepspeed(r, "deepspeed_config.zero_stage", r.get("deepspeed_config.zero_stage", 0), offload)
+        _accelerate_deepspeed(r)
     else:
         r.refuse("distributed_type", kind, ("NO", "MULTI_GPU", "MULTI_CPU", "FSDP", "DEEPSPEED"))
+
+
+def _accelerate_deepspeed(r: _Reader) -> None:
+    """accelerate's DeepSpeed plug-in: a ``deepspeed_config_file`` (DeepSpeed's own JSON, which then holds the
+    stage and offload), else the stage and offload devices in the YAML."""
+    if (name := r.get("deepspeed_config.deepspeed_config_file")) not in (None, "none"):
+        key = "deepspeed_config.deepspeed_config_file"
+        _deepspeed_config(r, key, _deepspeed_file(r, name, key))
+        return
+    devices = [(f"deepspeed_config.{k}", r.get(f"deepspeed_config.{k}"))
+               for k in ("offload_optimizer_device", "offload_param_device")]
+    _deepspeed(r, "deepspeed_config.zero_stage", r.get("deepspeed_config.zero_stage", 0), *devices)
 
 
 def _read_lightning(r: _Reader) -> None:
@@ -432,30 +561,64 @@ def _read_lightning(r: _Reader) -> None:
 
 
 def _lightning_strategy(r: _Reader, key: str, s: Any) -> str:
+    """Lightning's ``strategy`` (a registered name, or LightningCLI's class_path and init_args) -> the strategy;
+    its offload is set on ``r`` (:func:`_fsdp_offload`, :func:`_deepspeed`)."""
     if isinstance(s, Mapping):  # LightningCLI: {class_path: ...FSDPStrategy, init_args: {...}}
-        cls = str(s.get("class_path", "")).rsplit(".", 1)[-1]
-        args = s.get("init_args") or {}
-        if cls == "FSDPStrategy":
-            if args.get("cpu_offload"):
-                r.refuse(f"{key}.init_args.cpu_offload", args["cpu_offload"], "false")
-            name = str(args.get("sharding_strategy", "FULL_SHARD")).upper()
-            if name not in FSDP_SHARDING:
-                r.refuse(f"{key}.init_args.sharding_strategy", name, ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"))
-            return FSDP_SHARDING[name]
-        if cls == "DDPStrategy":
-            return "ddp"
-        if cls == "DeepSpeedStrategy":
-            n = r.int_of(f"{key}.init_args.stage", args.get("stage", 2), minimum=0)
-            if n not in DEEPSPEED_STAGES:
-                r.refuse(f"{key}.init_args.stage", n, "0, 1, 2 or 3")
-            return DEEPSPEED_STAGES[n]
-        r.refuse(f"{key}.class_path", s.get("class_path"), ("DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy"))
+        return _lightning_strategy_object(r, key, s)
     name = str(s)
     if name == "auto":
         return "ddp" if r.values.get("devices", 1) > 1 else "single"  # Lightning's choice for several devices
+    if name in LIGHTNING_OFFLOAD_STRATEGIES:
+        kind, stage, devices = LIGHTNING_OFFLOAD_STRATEGIES[name]
+        if kind == "fsdp":
+            r.set("strategy", FSDP_SHARDING[stage])
+            _fsdp_offload(r, key, s, True)
+        elif "nvme" in devices:  # the name is what the file wrote: it is named, not the device it stands for
+            read = [n for n in LIGHTNING_OFFLOAD_STRATEGIES if "nvme" not in n]
+            r.refuse(key, s, ("auto", *LIGHTNING_STRATEGIES, *read), "trainfit models offload to host memory; "
+                     "NVMe (ZeRO-Infinity) is not modeled")
+        else:
+            _deepspeed(r, key, stage, *((key, device) for device in devices))
+        return r.values["strategy"]
     if name not in LIGHTNING_STRATEGIES:
-        r.refuse(key, s, ("auto", *LIGHTNING_STRATEGIES), "trainfit has no CPU offload or model parallelism")
+        r.refuse(key, s, ("auto", *LIGHTNING_STRATEGIES, *LIGHTNING_OFFLOAD_STRATEGIES), "trainfit has no model "
+                 "parallelism")
     return LIGHTNING_STRATEGIES[name]
+
+
+def _lightning_strategy_object(r: _Reader, key: str, s: Mapping[str, Any]) -> str:
+    """FSDPStrategy (``sharding_strategy``, ``cpu_offload``), DDPStrategy or DeepSpeedStrategy (``stage``,
+    ``offload_optimizer`` / ``offload_parameters`` and their devices, or a DeepSpeed ``config`` over them)."""
+    cls = str(s.get("class_path", "")).rsplit(".", 1)[-1]
+    args = s.get("init_args") or {}
+    if cls == "FSDPStrategy":
+        name = str(args.get("sharding_strategy", "FULL_SHARD")).upper()
+        if name not in FSDP_SHARDING:
+            r.refuse(f"{key}.init_args.sharding_strategy", name, ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"))
+        r.set("strategy", FSDP_SHARDING[name])
+        off, off_key = args.get("cpu_offload"), f"{key}.init_args.cpu_offload"
+        if isinstance(off, Mapping):  # CPUOffload(offload_params=...) as LightningCLI spells an object
+            off = (off.get("init_args") or {}).get("offload_params", False)
+            off_key += ".init_args.offload_params"
+        _fsdp_offload(r, off_key, off, r.flag(off_key, off) if off is not None else False)
+        return r.values["strategy"]
+    if cls == "DDPStrategy":
+        return "ddp"
+    if cls == "DeepSpeedStrategy":
+        if (config := args.get("config")) is not None:  # DeepSpeedStrategy uses the config over its arguments
+            ds = _deepspeed_file(r, config, f"{key}.init_args.config") if isinstance(config, str) else config
+            _deepspeed_config(r, f"{key}.init_args.config", ds if isinstance(ds, Mapping) else {})
+            return r.values["strategy"]
+        devices = []
+        for switch, device in (("offload_optimizer", "offload_optimizer_device"),
+                               ("offload_parameters", "offload_params_device")):
+            on = args.get(switch) not in (None, False) and r.flag(f"{key}.init_args.{switch}", args.get(switch))
+            dkey = f"{key}.init_args.{device}" if device in args else f"{key}.init_args.{switch}"
+            devices.append((dkey, args.get(device, "cpu") if on else "none"))
+        _deepspeed(r, f"{key}.init_args.stage", args.get("stage", 2), *devices)
+        return r.values["strategy"]
+    r.refuse(f"{key}.class_path", s.get("class_path"), ("DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy"))
+    raise AssertionError  # refuse raises
 
 
 READERS: dict[str, Callable[[_Reader], None]] = {
@@ -465,7 +628,7 @@ READERS: dict[str, Callable[[_Reader], None]] = {
 # -- merging with flags --------------------------------------------------------------------------------------
 
 
-RUN_KEYS = ("micro_batch", "accumulation", "precision", "checkpointing", "strategy", "optimizer")
+RUN_KEYS = ("micro_batch", "accumulation", "precision", "checkpointing", "strategy", "optimizer", "offload")
 """The file's values that are RunConfig fields (``devices`` and ``nodes`` go to each command's own flags)."""
 
 
@@ -513,7 +676,7 @@ _SHARDING_KEYS = ("fsdp", "deepspeed", "distributed_type", "strategy", "zero_sta
 """The keys of a file that choose a distributed strategy (named when the device count is missing)."""
 
 
-JOB_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy")
+JOB_KEYS = ("precision", "micro_batch", "accumulation", "checkpointing", "strategy", "offload")
 """The file's choices ``plan --from`` looks for among the ranked plans."""
 
 
@@ -554,8 +717,9 @@ def rank_note(found: FromConfig, entries: list) -> str:
     if not mine:
         return f"{found.path} sets none of {', '.join(JOB_KEYS)}: every plan above is an alternative"
     what = ", ".join(f"{k}={v}" for k, v in mine.items())
+    want = {"offload": "", **mine}  # a file that names no offload runs none (no tool offloads unless told)
     for i, e in enumerate(entries, 1):
-        if all(str(getattr(e, k)) == v for k, v in mine.items()):
+        if all(str(getattr(e, k)) == v for k, v in want.items()):
             fits = "fits" if e.fits else "does not fit: " + "; ".join(e.reasons)
             return f"the configuration of {found.path} ({what}) is plan #{i} of {len(entries)} ({fits})"
     return f"the configuration of {found.path} ({what}) is not among the {len(entries)} plans searched"
