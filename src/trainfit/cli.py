@@ -77,7 +77,8 @@ class Parser(argparse.ArgumentParser):
             self.error(str(e))
 
     def error(self, message: str) -> None:  # one line, no usage block
-        raise SystemExit(fail(message if self.prog == "trainfit" else f"{self.prog.removeprefix('trainfit ')}: {message}"))
+        where = "" if self.prog == "trainfit" else f"{self.prog.removeprefix('trainfit ')}: "
+        raise SystemExit(fail(where + message))
 
 
 def fail(msg: str) -> int:
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     except OSError as e:  # the environment, not a bug: a full disk, no permission, a missing directory
         where = f": {e.filename}" if e.filename else ""
-        kept = "; checkpoints already on disk are intact (they are written atomically)" if args.command == "train" else ""
+        kept = ("; checkpoints already on disk are intact (they are written atomically)" if args.command == "train"
+                else "")
         return fail(f"{args.command}: {e.strerror or e}{where}{kept}")
     except KeyboardInterrupt:
         return fail("interrupted")
