@@ -365,14 +365,14 @@ def _trace_forked(base_cfg: RunConfig, missing: list, out: dict, *, target: str,
         started = {pool.submit(_traced, (base_cfg, *pair, target)): pair for pair in missing}
         for done in concurrent.futures.as_completed(started):  # said as each worker finishes one
             pair = started[done]
-            out[pair] = Basis(**_worker_result(done, base_cfg, pair))
+            out[pair] = Basis(**_worker_result(done, base_cfg.model, pair))
             _said_traced(pairs_done, pair, t0)
 
 
-def _worker_result(done: concurrent.futures.Future, base_cfg: RunConfig, pair: tuple[str, str]) -> dict:
+def _worker_result(done: concurrent.futures.Future, model: str, pair: tuple[str, str]) -> dict:
     """The basis a worker traced, or its failure as one line naming the model and the pair (a refusal keeps its
     class); a worker that died (killed, out of memory) is named too, never a BrokenProcessPool traceback."""
-    what = f"tracing the basis of {base_cfg.model} ({pair[0]}, checkpointing {pair[1]}) in a worker process"
+    what = f"tracing the basis of {model} ({pair[0]}, checkpointing {pair[1]}) in a worker process"
     try:
         got = done.result()
     except concurrent.futures.process.BrokenProcessPool:
