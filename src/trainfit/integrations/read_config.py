@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainfit import gate
+import trainfit.gate as gate
 from trainfit.errors import SHOWN_CHARS, ConfigError
 from trainfit.levers.offload_rules import offload_as_run, plan_offload
 from trainfit.vocabulary import OffloadPart, strategy_facts
