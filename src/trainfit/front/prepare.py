@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from trainfit import logs
+import trainfit.logs as logs
 from trainfit.errors import ConfigError, check_choice
 from trainfit.outputs import check_output_dir, check_path_text
 from trainfit.progress import bars_enabled
