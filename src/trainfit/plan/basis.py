@@ -135,6 +135,24 @@ def analytic_basis(shape: TransformerShape, *, precision: str, checkpointing: st
     )
 
 
+def _split_peak(r, *, most: bool = False) -> tuple[int, int, int]:
+    """(activations, temporaries, gradients) at the forward/backward peak of report ``r`` (at micro-batch 1 the
+    optimizer step may be the overall peak).
+
+    ``most``: the activations are the most the window holds (every saved tensor, at the end of its forward)
+    rather than those live at the peak, the temporaries the rest of the peak. For when the peak's moment moves
+    between the two batches -- an MoE's backward peaks mid-backward at batch 2 and at its start at 4 -- and a line
+    through the two moments' activations goes negative at batch 1 (a negative offload cost broke the ranking).
+    The peak stays exact at both batches either way."""
+    phase = max(("forward", "backward"), key=lambda ph: r.phases.get(ph, {}).get("peak", 0))
+    parts = r.phases[phase]
+    state = r.params_bytes + parts.get("grads", 0) + r.optimizer_bytes
+    act = parts.get("activations", 0)
+    if most:
+        act = max(r.phases.get(ph, {}).get("activations", 0) for ph in ("forward", "backward"))
+    return act, parts["peak"] - state - act, parts.get("grads", 0)
+
+
 def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_per_sample: float,
                        n_blocks: int, acc_reports: tuple | None = None, n_param_tensors: int = 0,
                        max_unit_params: float = 0.0) -> Basis:
@@ -148,16 +166,10 @@ def basis_from_reports(r1, r2, *, model_flops_per_sample: float, hardware_flops_
     if not r2.batch > r1.batch:
         raise ValueError(f"reports need two different batches, got {r1.batch} and {r2.batch}")
 
-    def split(r):
-        # The forward/backward peak (at micro-batch 1 the optimizer step may be the overall peak).
-        phase = max(("forward", "backward"), key=lambda ph: r.phases.get(ph, {}).get("peak", 0))
-        parts = r.phases[phase]
-        state = r.params_bytes + parts.get("grads", 0) + r.optimizer_bytes
-        act = parts.get("activations", 0)
-        return act, parts["peak"] - state - act, parts.get("grads", 0)
-
-    (a1, t1, _), (a2, t2, g2) = split(r1), split(r2)
+    (a1, t1, _), (a2, t2, g2) = _split_peak(r1), _split_peak(r2)
     db = r2.batch - r1.batch
+    if a2 - (a2 - a1) / db * (r2.batch - 1) < 0:  # the two peaks are different moments: see _split_peak
+        (a1, t1, _), (a2, t2, g2) = _split_peak(r1, most=True), _split_peak(r2, most=True)
     act_ps, temp_ps = (a2 - a1) / db, (t2 - t1) / db
     opt_phase = r2.phases.get("optimizer", {}).get("peak", 0)
     acc_fixed = acc_ps = None
