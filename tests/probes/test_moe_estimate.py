@@ -134,3 +134,33 @@ def test_a_dead_pool_worker_is_one_line_naming_the_pair(tmp_path, monkeypatch):
     assert not isinstance(got.value, concurrent.futures.process.BrokenProcessPool)
     line = str(got.value)
     assert "\n" not in line and "gpt-tiny" in line and "ended abruptly" in line and "checkpointing none" in line
+
+
+def test_a_tracing_limit_is_named_as_such_not_blamed_on_the_config(monkeypatch, capsys):
+    """Without the experts' fake kernel the trace meets torch's bf16-only meta kernel of aten._grouped_mm: a limit of
+    the trace (the real CPU kernel runs fp32), refused in one line naming the op, never the user's --model-config."""
+    import contextlib
+
+    from trainfit.probes import estimate
+
+    monkeypatch.setattr(estimate, "grouped_mm_fake_kernel", contextlib.nullcontext)
+    model = "hf:Qwen2MoeForCausalLM"
+    rc = main(["memory", "--estimate", "--model", model, "--model-config", MOE_TINY[model], "--seq-len", "16",
+               "--batch", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "_grouped_mm" in lines[0] and "--measure" in lines[0] and "model_config" not in lines[0], lines[0]
+
+
+def test_a_config_the_real_step_refuses_is_still_blamed_on_the_config(capsys):
+    """Control: a forward that fails for real (5 experts per token of 4: topk refuses, fake or real) keeps
+    its one-line refusal naming --model-config."""
+    model = "hf:Qwen2MoeForCausalLM"
+    five_of_four = MOE_TINY[model].replace("num_experts_per_tok=2", "num_experts_per_tok=5")
+    rc = main(["memory", "--estimate", "--model", model, "--model-config", five_of_four, "--seq-len", "16",
+               "--batch", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "model_config" in err and "k not in range" in err and "method=" not in err, err

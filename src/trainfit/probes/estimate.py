@@ -35,6 +35,7 @@ from trainfit.config import LeversSection, RunConfig
 from trainfit.errors import ConfigError
 from trainfit.meters.attention import hf_attention_note, target_kernels
 from trainfit.meters.experts import grouped_mm_fake_kernel
+from trainfit.meters.fake_limits import meta_refusal, quiet_fake_failures
 from trainfit.meters.flops import flop_counter
 from trainfit.meters.tracker import MemoryTracker, ScalarStubs
 from trainfit.probes.memory import (
@@ -182,6 +183,23 @@ def _classes(i: int, n: int, *, unit: int = 1) -> tuple[str, ...]:
     return tuple(names) or ("middle",)
 
 
+@contextlib.contextmanager
+def _trace_limits(model: str) -> Iterator[None]:
+    """Around a fake-tensor trace: a failure whose op the real CPU kernel runs (a meta kernel stricter than the
+    real one, ``meters.fake_limits``) is refused as the trace's limit, naming the op, never as the user's config;
+    torch's own log of the failing meta kernel stays off stderr."""
+    try:
+        with quiet_fake_failures():
+            yield
+    except Exception as e:
+        op = meta_refusal(e)
+        if not op:
+            raise
+        raise ConfigError("method", "estimate", f"measure for {model}",
+                          f"torch's fake-tensor kernel refuses what its CPU kernel runs, {op}; measure a real step "
+                          "instead: trainfit memory --measure, or trainfit plan --basis measure") from None
+
+
 def _fake_batch(mode: FakeTensorMode, batch: Any) -> Any:
     return tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, batch)
 
@@ -192,8 +210,8 @@ def trace(cfg: RunConfig, batch: Any = None, *, segments: bool = False):
         task = task_of(cfg)
         batch = example_batch(task, cfg.micro_batch)  # small real tensors (token ids / images)
     n = next((t.shape[0] for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim()), 1)
-    with grouped_mm_fake_kernel(), FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), \
-            contextlib.ExitStack() as branches:
+    with _trace_limits(cfg.model), grouped_mm_fake_kernel(), FakeTensorMode(allow_non_fake_inputs=True) as mode, \
+            _fake_swappable(mode), contextlib.ExitStack() as branches:
         with ScalarStubs():  # .item() answered; nothing counted
             run = build_run(cfg)  # some inits read values (e.g. trunc_normal_ bounds)
             fake_trace = getattr(run.task, "fake_trace", None)
@@ -485,8 +503,9 @@ def _trace_windows(cfg: RunConfig, batches: tuple[int, int], unit: int, target: 
     sizes (every gradient live): the four reports a basis is fitted from."""
     task = task_of(cfg)
     real = [example_batch(task, b) for b in batches]
-    with target_kernels(target) as kernels, grouped_mm_fake_kernel(), FakeTensorMode(allow_non_fake_inputs=True) \
-            as mode, _fake_swappable(mode), contextlib.ExitStack() as branches:
+    with _trace_limits(cfg.model), target_kernels(target) as kernels, grouped_mm_fake_kernel(), \
+            FakeTensorMode(allow_non_fake_inputs=True) as mode, _fake_swappable(mode), \
+            contextlib.ExitStack() as branches:
         with ScalarStubs():  # .item() answered; nothing counted
             run = build_run(cfg)
             fake_trace = getattr(run.task, "fake_trace", None)
