@@ -164,3 +164,27 @@ def test_a_config_the_real_step_refuses_is_still_blamed_on_the_config(capsys):
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "model_config" in err and "k not in range" in err and "method=" not in err, err
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "fp16-mixed", "fp16-true"])
+@pytest.mark.parametrize("ckpt", ["none", "full"])
+def test_moe_estimate_in_the_other_precisions_and_checkpointed(precision, ckpt):
+    cfg = _cfg("hf:Qwen2MoeForCausalLM", precision, checkpointing=ckpt)
+    measured, estimated = measure_memory(cfg), estimate_memory(cfg)
+    for p in PARTS:
+        assert abs(measured.parts[p] - estimated.parts[p]) <= REL * max(measured.parts[p], 1), p
+    assert abs(measured.peak_bytes - estimated.peak_bytes) <= REL * measured.peak_bytes
+
+
+def test_moe_block_shortcut_equals_the_full_trace():
+    """Six MoE blocks traced as 3 and 4, extrapolated: the same report as tracing all six (experts included)."""
+    model = "hf:MixtralForCausalLM"
+    six = MOE_TINY[model].replace("num_hidden_layers=2", "num_hidden_layers=6")
+    cfg = make_config(dict(model=model, model_config=six, precision="bf16-mixed", seq_len=16, micro_batch=2,
+                           accumulation=1))
+    short, full = estimate_memory(cfg), estimate_memory(cfg, shortcut=False)
+    assert "traced 3 and 4 of 6" in short.details["shortcut"]
+    da, db = short.to_dict(), full.to_dict()
+    for k in ("wall_s", "details"):
+        da.pop(k), db.pop(k)
+    assert da == db
