@@ -32,12 +32,28 @@ def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape,
     return flop_counter_formulas.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+def _grouped_mm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """``aten._grouped_mm``, the MoE experts' matmul: every row of the ragged operand meets one group's matrix, so
+    the FLOPs are one plain matmul's over all rows -- 2-D x 3-D (tokens x experts' weights, the forward and the
+    input gradient): 2 T K N; 2-D x 2-D (the weight gradient, K x T by T x N split into groups): 2 K T N; 3-D x 2-D:
+    2 M K N; 3-D x 3-D: a batched matmul."""
+    if len(a_shape) == 2 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[2]
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    if len(a_shape) == 3 and len(b_shape) == 2:
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+
+
 CPU_ATTENTION_FLOPS = {
     _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
     _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
+    _aten._grouped_mm: _grouped_mm,
 }
 """The CPU's fused attention kernel, which ``FlopCounterMode``'s table leaves out (it has the CUDA ones): the
-same FLOPs as the flash kernel (QK^T and PV forward, their four matmuls backward), counted alike."""
+same FLOPs as the flash kernel (QK^T and PV forward, their four matmuls backward), counted alike. And the MoE
+experts' grouped matmul (:func:`_grouped_mm`), which the table leaves out on every device (torch 2.13)."""
 
 
 def flop_counter() -> FlopCounterMode:
