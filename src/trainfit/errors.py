@@ -56,6 +56,18 @@ class ConfigError(TrainfitError, ValueError):
         self.field = field
         self.value = value
 
+    def __reduce__(self):
+        """Pickled as its message, field and value, so a refusal crosses a process boundary (a pool worker, a
+        spawned rank) as the same one line; unpickling a four-argument ``__init__`` from ``args`` would fail."""
+        return _rebuilt, (type(self), str(self), self.field, self.value)
+
+
+def _rebuilt(cls: type[ConfigError], message: str, field: str, value: object) -> ConfigError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.field, error.value = field, value
+    return error
+
 
 class CheckpointError(TrainfitError):
     """A checkpoint that is missing, corrupt, tampered with or from another program."""

@@ -231,3 +231,16 @@ def test_a_model_config_number_goes_through_the_one_parser_in_every_command(text
     check_promise(r, work, before)
     check_one_line(r)
     assert "model_config.n_layer" in r.err, r.err[:300]
+
+
+@settings(max_examples=50, deadline=None)
+@given(field=st.text(max_size=20), value=json_values, allowed=st.text(max_size=40), fix=st.text(max_size=40))
+def test_a_refusal_crosses_a_process_boundary_as_the_same_line(field, value, allowed, fix):
+    """A ConfigError pickled in a worker (a plan's trace pool, a spawned rank) and unpickled here is the same
+    class, line, field and value (its four-argument ``__init__`` made unpickling fail, breaking the pool)."""
+    import pickle
+
+    error = ConfigError(field, value, allowed, fix)
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is ConfigError and str(back) == str(error)
+    assert back.field == field and back.value == error.value
