@@ -12,15 +12,12 @@ refused with exit 2 in one stderr line naming the file, the run directory byte f
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 from unittest import mock
 
@@ -28,8 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.data.conftest import STDLIB_JSON
+from tests.reliability.cli_harness import Result, snapshot
+from tests.reliability.cli_harness import cli as harness_cli
 
-from trainfit.cli import main
 from trainfit.tasks import identity
 from trainfit.tasks.files import clear_cache
 
@@ -46,29 +44,12 @@ REFUSAL_S = 20
 """The most a refused resume may take (hashing 1 MB and comparing; ~1 s here, the rest is import and load)."""
 
 
-def cli(*args: str) -> tuple[int, str, float]:
-    """``trainfit train ARGS`` in this process, as a fresh process would (no in-memory data or identity cache):
-    (exit status, stderr, seconds)."""
+def cli(*args: str, traced: bool = False) -> Result:
+    """``trainfit train ARGS`` in this process, as a fresh process would (no in-memory data or identity cache);
+    ``traced``: its time and peak Python allocation measured too (:func:`tests.reliability.cli_harness.cli`)."""
     clear_cache()
     identity._CACHE.clear()
-    err = io.StringIO()
-    t = time.monotonic()
-    tracemalloc.start()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            try:
-                rc = main(["train", *args])
-            except SystemExit as e:
-                rc = e.code
-    finally:
-        cli.peak_bytes = tracemalloc.get_traced_memory()[1]  # the last call's peak Python allocation
-        tracemalloc.stop()
-    return int(rc or 0), err.getvalue(), time.monotonic() - t
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return harness_cli(["train", *args], traced=traced)
 
 
 def text_of(size: int) -> bytes:
@@ -86,7 +67,8 @@ def trained(tmp_path_factory, bpe_dir) -> dict:
     (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     toml = root / "base.toml"
     toml.write_text(BASE + f'data = "{data}"\ntokenizer = "{tok}"\n')
-    rc, err, _ = cli(str(toml), "--run-dir", str(run))
+    r = cli(str(toml), "--run-dir", str(run))
+    rc, err = r.rc, r.err
     assert rc == 0, err
     return _Files(root=root, data=data, tok=tok, run=run, toml=toml, original=data.read_bytes())
 
@@ -106,12 +88,13 @@ def _restore(path: Path, content: bytes) -> None:
 
 def _refused(trained: dict, run: Path, naming: str) -> str:
     before = snapshot(run)
-    rc, err, took = cli(str(trained["toml"]), "--run-dir", str(run), "--resume", "--steps", "3")
+    r = cli(str(trained["toml"]), "--run-dir", str(run), "--resume", "--steps", "3", traced=True)
+    rc, err, took = r.rc, r.err, r.seconds
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("trainfit: error: checkpoint "), err
     assert naming in lines[0], lines[0]
     assert snapshot(run) == before and took < REFUSAL_S, took
-    assert cli.peak_bytes < 256 * 2**20, cli.peak_bytes  # bounded whatever the edit (imports included)
+    assert r.peak_bytes < 256 * 2**20, r.peak_bytes  # bounded whatever the edit (imports included)
     return lines[0]
 
 
@@ -200,8 +183,8 @@ def test_a_tokenizer_file_changed_in_place_is_refused_naming_it(trained, tmp_pat
 def test_the_same_data_still_resumes(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
-    rc, err, _ = cli(str(trained["toml"]), "--run-dir", str(run), "--resume", "--steps", "3")
-    assert rc == 0, err
+    r = cli(str(trained["toml"]), "--run-dir", str(run), "--resume", "--steps", "3")
+    assert r.rc == 0, r.err
 
 
 def _old_fingerprint(path: Path) -> dict:
