@@ -37,6 +37,12 @@ def one_line(message: str, limit: int = LINE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def refusal(field: str, value: object, allowed: str, fix: str = "") -> str:
+    """The one wording of a refusal: ``field=value is not valid; allowed: ... (fix)``, the value cut by
+    :func:`shown`; :class:`ConfigError` says it, and so does any error class the gate is asked to raise."""
+    return f"{field}={shown(value)} is not valid; allowed: {allowed}" + (f" ({fix})" if fix else "")
+
+
 class TrainfitError(Exception):
     """Base class for errors caused by user input (config, flags, model, checkpoint)."""
 
@@ -49,10 +55,7 @@ class ConfigError(TrainfitError, ValueError):
             allowed = "one of: " + ", ".join(str(a) for a in allowed)
         if isinstance(value, enum.Enum):  # a typed name reads as the name the user typed
             value = value.value
-        msg = f"{field}={shown(value)} is not valid; allowed: {allowed}"
-        if fix:
-            msg += f" ({fix})"
-        super().__init__(msg)
+        super().__init__(refusal(field, value, allowed, fix))
         self.field = field
         self.value = value
 

@@ -23,6 +23,7 @@ integers               |n| < 2**63                 |n| < 2**63
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainfit.errors import ConfigError, shown
+from trainfit.errors import ConfigError, refusal, shown
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def _size(n: int) -> str:
 def _refuse(error: Callable[..., Exception], field: str, value: object, allowed: str, fix: str) -> Exception:
     if error is ConfigError:
         return ConfigError(field, value, allowed, fix)
-    return error(f"{field}={shown(value)} is not valid; allowed: {allowed} ({fix})")
+    return error(refusal(field, value, allowed, fix))
 
 
 def parse_int(field: str, text: object, *, minimum: int | None = None, maximum: int | None = None,
@@ -277,14 +278,18 @@ def _parse_toml(text: str) -> Any:
 
 
 def _parse_yaml(text: str) -> Any:
-    return yaml_loads(text)
-
-
-def yaml_loads(text: str) -> Any:
     """PyYAML's safe load, refusing a mapping that names a key twice (PyYAML keeps the last silently)."""
     import yaml
 
-    class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's scanner where PyYAML has it
+    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: no arbitrary objects
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """The safe loader (libyaml's scanner where PyYAML has it) whose mappings refuse a repeated key; built once."""
+    import yaml
+
+    class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         pass
 
     def mapping(loader: Any, node: Any, deep: bool = False) -> dict:
@@ -302,7 +307,7 @@ def yaml_loads(text: str) -> Any:
         return out
 
     _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+    return _Loader
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"toml": _parse_toml, "json": _parse_json, "yaml": _parse_yaml}
