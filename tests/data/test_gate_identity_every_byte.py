@@ -130,8 +130,8 @@ def test_an_unchanged_file_is_read_once_then_served_from_the_cache(trained, tmp_
     data = tmp_path / "d.txt"
     data.write_bytes(text_of(SIZE))
     reads = []
-    real = identity.file_sha256
-    monkeypatch.setattr(identity, "file_sha256", lambda p: reads.append(p) or real(p))
+    real = identity.sha256_file
+    monkeypatch.setattr(identity, "sha256_file", lambda p: reads.append(p) or real(p))
     monkeypatch.setattr(identity, "RACY_NS", 0)
     time.sleep(0.02)
     first = []
@@ -152,8 +152,8 @@ def test_a_file_written_a_moment_ago_is_not_cached(tmp_path, monkeypatch):
     data = tmp_path / "d.txt"
     data.write_bytes(b"x" * 1000)
     reads = []
-    real = identity.file_sha256
-    monkeypatch.setattr(identity, "file_sha256", lambda p: reads.append(p) or real(p))
+    real = identity.sha256_file
+    monkeypatch.setattr(identity, "sha256_file", lambda p: reads.append(p) or real(p))
     for _ in range(2):
         identity._CACHE.clear()
         identity.sources_identity(str(data), field="data")

@@ -4,7 +4,7 @@ One plain dict per run (JSON and ``weights_only`` safe), one entry per field of 
 
 * ``data`` / ``val_data``: the path (absolute) and a content fingerprint. A prepared directory is its sidecar's
   sha256 of ``tokens.bin`` and ``documents.bin`` (already verified when it is read); raw files are the sha256 of
-  every byte of every file (a streamed hash, :func:`file_sha256`), with each file listed (path, size, sha256) when
+  every byte of every file (a streamed hash, :func:`trainfit.tasks.tokenizer.sha256_file`), with each file listed (path, size, sha256) when
   there are at most :data:`MAX_LISTED` of them, so that a refusal names the file that changed. ``""`` when there is
   none (the generated data; no validation file).
 * ``tokenizer``: its kind (``byte`` or ``tokenizer.json``), the sha256 of tokenizer.json and of
@@ -93,7 +93,7 @@ class _Sums:
         if hit is not None and hit[:5] == stamp and isinstance(hit[5], str) and _SHA.fullmatch(hit[5]):
             return hit[5]
         began = time.time_ns()
-        sha = file_sha256(Path(file))
+        sha = sha256_file(Path(file))  # every byte, streamed (1 MiB reads)
         if _stamp(os.stat(file)) == stamp and max(stamp[3], stamp[4]) < began - RACY_NS:
             self.entries[file], self.changed = [*stamp, sha], True
         return sha
@@ -110,11 +110,6 @@ class _Sums:
             os.replace(tmp, self.path)
         except OSError:
             tmp.unlink(missing_ok=True)  # a read-only home: no cache, still correct
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of every byte of ``path``, streamed (1 MiB reads)."""
-    return sha256_file(path)
 
 
 def data_identity(cfg) -> dict[str, Any]:
