@@ -190,7 +190,8 @@ def _job_from(found: FromConfig, *, global_batch: Any, devices: int | None,
     if devices is not None:
         total = devices * n
     elif nodes is not None and "devices" in found.values:
-        total = _int("devices", found.values["devices"]) // file_nodes * n  # the file's devices per node, on the nodes given
+        # the file's devices per node, on the nodes given
+        total = _int("devices", found.values["devices"]) // file_nodes * n
     elif nodes is not None:
         total = n  # one device per node
     job, overridden = plan_job(found, global_batch=global_batch, devices=total, nodes=nodes)

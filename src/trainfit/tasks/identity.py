@@ -4,9 +4,9 @@ One plain dict per run (JSON and ``weights_only`` safe), one entry per field of 
 
 * ``data`` / ``val_data``: the path (absolute) and a content fingerprint. A prepared directory is its sidecar's
   sha256 of ``tokens.bin`` and ``documents.bin`` (already verified when it is read); raw files are the sha256 of
-  every byte of every file (a streamed hash, :func:`trainfit.tasks.tokenizer.sha256_file`), with each file listed (path, size, sha256) when
-  there are at most :data:`MAX_LISTED` of them, so that a refusal names the file that changed. ``""`` when there is
-  none (the generated data; no validation file).
+  every byte of every file (a streamed hash, :func:`trainfit.tasks.tokenizer.sha256_file`), with each file listed
+  (path, size, sha256) when there are at most :data:`MAX_LISTED` of them, so that a refusal names the file that
+  changed. ``""`` when there is none (the generated data; no validation file).
 * ``tokenizer``: its kind (``byte`` or ``tokenizer.json``), the sha256 of tokenizer.json and of
   tokenizer_config.json (it names the end-of-document token); the directory is kept for messages but not compared
   (a moved, identical tokenizer is the same tokenizer).

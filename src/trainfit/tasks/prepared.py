@@ -17,8 +17,9 @@ appended in the file's dtype as they come. It is deterministic (same inputs -> b
 stamps, sorted keys) and atomic: everything goes to ``DIR.tmp-<pid>`` first and is renamed into place at the end,
 so a failed or interrupted prepare (Ctrl-C, SIGTERM) leaves no ``DIR`` and no ``DIR.tmp-<pid>``. That directory
 holds a marker (:data:`TEMPORARY_MARKER`: pid, process start time, boot id); a killed prepare's marked directory
-is removed by the next (:func:`clean_stale`), and nothing without a valid marker of an ended process ever is. Reading checks every sidecar field against the others, the tokenizer and the files (sizes,
-checksums, the largest id, every document's EOD) before a row is served (:func:`open_prepared`).
+is removed by the next (:func:`clean_stale`), and nothing without a valid marker of an ended process ever is.
+Reading checks every sidecar field against the others, the tokenizer and the files (sizes, checksums, the largest
+id, every document's EOD) before a row is served (:func:`open_prepared`).
 """
 
 from __future__ import annotations
