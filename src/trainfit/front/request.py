@@ -9,10 +9,14 @@ or ``micro_batch="auto"`` would change, and a setting that would be ignored (``c
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import importlib
+import inspect
 import logging
 import os
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -129,9 +133,6 @@ def check_arguments(name: str, fn: Any, args: tuple, kwargs: dict, *, fields: ty
     or RunConfig field takes (``plan("str")``, ``train(model_config={...})``, ``prepare(data=123)``: refused
     in one line naming the argument, not an AttributeError from deep inside). ``fields``: the dataclass whose
     fields ``fn``'s ``**`` keywords are (RunConfig; PlanRequest for ``plan``)."""
-    import inspect
-    import typing
-
     sig = inspect.signature(fn)
     try:
         bound = sig.bind(*args, **kwargs)
@@ -153,9 +154,7 @@ def check_arguments(name: str, fn: Any, args: tuple, kwargs: dict, *, fields: ty
 
 def _check_field(fields: type, field: str, value: Any) -> None:
     if fields is not RunConfig:
-        import typing
-
-        hint = typing.get_type_hints(fields).get(field)
+        hint = _field_hints(fields).get(field)
         if hint is not None and not _holds(hint, value):
             raise ConfigError(field, value, _type_words(hint), f"a {fields.__name__} field")
         return
@@ -166,13 +165,15 @@ def _check_field(fields: type, field: str, value: Any) -> None:
         raise ConfigError(field, value, f"{words} (a RunConfig field)", f"got {type(value).__name__}")
 
 
+@functools.cache
+def _field_hints(fields: type) -> dict[str, Any]:
+    """A dataclass's field annotations, resolved once (``PlanRequest``'s, for ``plan``'s keywords)."""
+    return typing.get_type_hints(fields)
+
+
 def _holds(hint: Any, value: Any) -> bool:
     """Whether ``value`` is of the annotated type (unions, Optional, Literal, Sequence[...]; anything more
     elaborate is taken, and left to the function's own checks)."""
-    import collections.abc as abc
-    import types
-    import typing
-
     origin = typing.get_origin(hint)
     if hint is Any or hint is typing.Any:
         return True
@@ -182,7 +183,7 @@ def _holds(hint: Any, value: Any) -> bool:
         return value in typing.get_args(hint)
     if hint is type(None):
         return value is None
-    if origin in (tuple, list, abc.Sequence):
+    if origin in (tuple, list, collections.abc.Sequence):
         return isinstance(value, (tuple, list)) and all(_holds(typing.get_args(hint)[0], v) for v in value)
     if isinstance(hint, type):
         if hint is float:
