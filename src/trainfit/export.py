@@ -54,7 +54,7 @@ from trainfit.strategies.dist_checkpoint import list_dcp
 from trainfit.tasks.files import load_text_data
 from trainfit.tasks.spec import DataSpec
 from trainfit.tasks.gpt import GPT
-from trainfit.tasks.hf import WEIGHTS, WEIGHTS_INDEX, pretrained_dir, quiet_progress
+from trainfit.tasks.hf import WEIGHTS, pretrained_dir, quiet_progress, safetensors_files
 from trainfit.vocabulary import parse_lora
 
 GPT_MARKER = "trainfit_model"
@@ -273,16 +273,8 @@ def init_state(run_dir: str | Path) -> tuple[dict[str, torch.Tensor], str]:
     if not d.is_dir():
         raise ConfigError("init_from", str(run_dir), "an existing trainfit run directory")
     export = d / "model"
-    if (export / WEIGHTS).is_file() or (export / WEIGHTS_INDEX).is_file():
-        if (export / WEIGHTS).is_file():
-            files = [export / WEIGHTS]
-        else:
-            index = read_document(export / WEIGHTS_INDEX, field="init_from", fmt="json", limits=RECORD)
-            weight_map = index.get("weight_map") if isinstance(index, dict) else None
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise ConfigError("init_from", str(export / WEIGHTS_INDEX), "a safetensors index with a weight_map "
-                                  "of file names")
-            files = [export / s for s in sorted(set(weight_map.values()))]
+    files = safetensors_files(export, field="init_from", value=str(export))
+    if files is not None:
         return _read_safetensors(files), str(export)
     sharded, single = list_dcp(d), list_checkpoints(d)
     newest_single = int(single[-1].stem.split("-")[-1]) if single else -1

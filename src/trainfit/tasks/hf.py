@@ -220,25 +220,34 @@ def weight_files(directory: Path) -> list[Path]:
             (its header is parsed here, before anything is built).
     """
     spec = f"hf:{directory}"
-    index = directory / WEIGHTS_INDEX
-    if (directory / WEIGHTS).is_file():
-        files = [directory / WEIGHTS]
-    elif index.is_file():
-        try:
-            shards = sorted(set(read_document(index, field="model", fmt="json",
-                                                   limits=RECORD)["weight_map"].values()))
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ConfigError("model", spec, f"a readable {WEIGHTS_INDEX}",
-                              f"{index}: {type(e).__name__}: {e}") from None
-        files = [directory / s for s in shards]
-        for f in files:
-            if not f.is_file():
-                raise ConfigError("model", spec, f"every shard {WEIGHTS_INDEX} names", f"{f} is missing")
-    else:
+    files = safetensors_files(directory, field="model", value=spec)
+    if files is None:
         raise ConfigError("model", spec, f"a directory holding {WEIGHTS} (or {WEIGHTS_INDEX} and its shards)",
                           "save the model with save_pretrained(DIR) (safetensors is its default)")
+    for f in files:
+        if not f.is_file():
+            raise ConfigError("model", spec, f"every shard {WEIGHTS_INDEX} names", f"{f} is missing")
     weight_shapes(files, spec)  # every header parsed here, before anything is built
     return files
+
+
+def safetensors_files(directory: Path, *, field: str, value: str) -> list[Path] | None:
+    """The weight files of a ``save_pretrained``-style directory: ``model.safetensors``, or the shards its index
+    names (read through the gate); None when it holds neither. ``hf:DIR`` and ``--init-from RUN/model`` ask here.
+
+    Raises:
+        ConfigError: naming ``field`` and ``value``: an index that is not a ``weight_map`` of file names.
+    """
+    if (directory / WEIGHTS).is_file():
+        return [directory / WEIGHTS]
+    index = directory / WEIGHTS_INDEX
+    if not index.is_file():
+        return None
+    found = read_document(index, field=field, fmt="json", limits=RECORD)
+    weight_map = found.get("weight_map") if isinstance(found, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConfigError(field, value, f"a {WEIGHTS_INDEX} with a weight_map of file names", str(index))
+    return [directory / s for s in sorted(set(weight_map.values()))]
 
 
 def weight_shapes(files: list[Path], spec: str) -> dict[str, tuple[int, ...]]:
